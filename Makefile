@@ -1,0 +1,39 @@
+# Every target creates or updates .venv by itself, from requirements.lock (uv pip compile).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck unit bench lock clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+$(STAMP): requirements.lock pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q "uv==0.13.8"
+	$(BIN)/uv pip sync -q --python $(BIN)/python requirements.lock
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/interlock demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: lint typecheck
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+lock: | $(BIN)/python
+	$(BIN)/python -m pip install -q "uv==0.13.8"
+	$(BIN)/uv pip compile pyproject.toml --extra dev --generate-hashes --universal --python-version 3.11 -q -o requirements.lock
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

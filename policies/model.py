@@ -1,0 +1,197 @@
+"""The effective configuration as frozen plain values.
+
+`policies.config` validates the YAML file with pydantic and turns it into these values; the rest of
+the code sees only these. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "WORK_CLASSES",
+    "AdminSettings",
+    "BudgetSettings",
+    "ClassBand",
+    "Config",
+    "Defaults",
+    "KeyRecipe",
+    "LedgerSettings",
+    "Limits",
+    "Mode",
+    "RejectAs",
+    "RetrySettings",
+    "TelemetrySettings",
+    "ToolRule",
+    "UpstreamKind",
+    "UpstreamSpec",
+    "WorkClass",
+]
+
+WorkClass = Literal["critical", "interactive", "background", "bulk"]
+WORK_CLASSES: tuple[WorkClass, ...] = ("critical", "interactive", "background", "bulk")
+Mode = Literal["enforce", "observe"]
+RejectAs = Literal["error", "tool_error"]
+UpstreamKind = Literal["mcp_http", "mcp_stdio", "http"]
+KeyMode = Literal["explicit", "derived", "none", "fields"]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Limits of one scope. `None` means unbounded for that dimension."""
+
+    max_running: int | None = None
+    max_pending: int | None = None
+    max_wait_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClassBand:
+    """A priority band: its reserved share of capacity and how long its calls may queue."""
+
+    name: WorkClass
+    share: float
+    max_wait_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSettings:
+    url: str = "sqlite:///interlock.db"
+    durability: Literal["full", "normal"] = "full"
+    lease_s: float = 30.0
+    retention_h: float = 24.0
+    max_outcome_bytes: int = 65536
+    max_argument_bytes: int = 8192
+    group_commit: bool = True
+    sweep_interval_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetrySettings:
+    service_name: str = "interlock"
+    otlp_endpoint: str | None = None
+    enabled: bool = True
+    max_queue_size: int = 2048
+    export_timeout_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class AdminSettings:
+    token_env: str = "INTERLOCK_ADMIN_TOKEN"
+
+
+@dataclass(frozen=True, slots=True)
+class Defaults:
+    work_class: WorkClass = "interactive"
+    timeout_s: float = 30.0
+    deadline_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class RetrySettings:
+    """Retry policy of one upstream."""
+
+    max_attempts: int = 3
+    budget_ratio: float = 0.2
+    budget_min_retries: int = 3
+    budget_window_s: float = 10.0
+    base_delay_s: float = 0.25
+    max_delay_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetSettings:
+    """A cost budget: tokens per tenant per window (0 or None tokens = no budget)."""
+
+    tokens: int | None = None
+    window_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamSpec:
+    """One configured upstream. Exactly one of `url` (mcp_http, http) or `command` (mcp_stdio)."""
+
+    name: str
+    kind: UpstreamKind
+    url: str | None = None
+    command: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    limits: Limits = Limits()
+    timeout_s: float | None = None
+    retry: RetrySettings = RetrySettings()
+
+    @property
+    def is_mcp(self) -> bool:
+        return self.kind != "http"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecipe:
+    """How a call's idempotency key is made when the caller gives none.
+
+    `explicit`: only the caller's key (none given → no dedupe); `derived`: hash of all arguments;
+    `fields`: hash of the named argument fields only; `none`: no key, the call is still recorded.
+    """
+
+    mode: KeyMode = "derived"
+    fields: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRule:
+    """A policy rule; the first whose glob matches wins.
+
+    `match` is a glob on "upstream/tool" for MCP, or "METHOD /path" (optionally
+    "upstream:METHOD /path") for HTTP upstreams. `None` fields defer to the next source
+    (tool annotations, then the built-in defaults).
+    """
+
+    match: str
+    index: int
+    side_effect: bool | None = None
+    key: KeyRecipe | None = None
+    cost_class: str | None = None
+    retry_budget: int | None = None
+    reject_as: RejectAs = "error"
+    timeout_s: float | None = None
+    work_class: WorkClass | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The whole effective configuration."""
+
+    upstreams: Mapping[str, UpstreamSpec]
+    listen: str = "127.0.0.1:8787"
+    mode: Mode = "enforce"
+    admin: AdminSettings = AdminSettings()
+    ledger: LedgerSettings = LedgerSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
+    defaults: Defaults = Defaults()
+    classes: Mapping[WorkClass, ClassBand] = field(default_factory=dict)
+    limits: Mapping[str, Limits] = field(default_factory=dict)
+    cost_classes: Mapping[str, Limits] = field(default_factory=dict)
+    tools: tuple[ToolRule, ...] = ()
+    budgets: BudgetSettings = BudgetSettings()
+    tenant_api_keys: Mapping[str, str] = field(default_factory=dict)
+    max_body_bytes: int = 4 * 1024 * 1024
+    retry_after_cap_s: float = 300.0
+    shutdown_grace_s: float = 10.0
+    source_path: str | None = None
+
+    @property
+    def listen_host(self) -> str:
+        host, _, _port = self.listen.rpartition(":")
+        return host.strip("[]") or "127.0.0.1"
+
+    @property
+    def listen_port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+    def scope_limits(self, scope: str) -> Limits:
+        """Limits of a generic scope name ("global", "tenant", "run"); unbounded if absent."""
+        return self.limits.get(scope, Limits())
