@@ -1,0 +1,101 @@
+"""The aiohttp application: wiring of configuration, scheduler, ledger and the route modules."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from ledger import LedgerError, LedgerStore
+from policies.model import Config
+from proxy import admin, health
+from proxy.http_routes import setup_http
+from proxy.mcp_routes import setup_mcp
+from proxy.metrics_http import setup_metrics
+from proxy.scheduler import Scheduler
+from proxy.state import (
+    ANNOTATIONS,
+    CONFIG,
+    LEDGER,
+    REPLICA_ID,
+    RUNTIME,
+    SCHEDULER,
+    LedgerHandle,
+    Runtime,
+)
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("interlock")
+
+_LEDGER_RETRY_S = 2.0
+
+
+def default_replica_id() -> str:
+    """A replica id that is unique per process: host, pid and a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def create_app(config: Config, *, replica_id: str | None = None) -> web.Application:
+    """Build the proxy application for `config` (nothing is opened until the app starts)."""
+    app = web.Application(client_max_size=config.max_body_bytes)
+    app[CONFIG] = config
+    app[REPLICA_ID] = replica_id or default_replica_id()
+    app[RUNTIME] = Runtime()
+    app[SCHEDULER] = Scheduler(config)
+    app[LEDGER] = LedgerHandle()
+    app[ANNOTATIONS] = {}
+    app.cleanup_ctx.append(_ledger_ctx)
+    health.setup(app)
+    admin.setup(app)
+    setup_metrics(app)
+    setup_mcp(app)
+    setup_http(app)
+    return app
+
+
+async def _open_ledger(app: web.Application) -> None:
+    handle = app[LEDGER]
+    try:
+        handle.store = await LedgerStore.open(app[CONFIG].ledger, owner=app[REPLICA_ID])
+        handle.error = None
+    except LedgerError as exc:
+        handle.error = str(exc)
+        log.error("ledger unavailable, side-effecting calls will be refused: %s", exc)
+
+
+async def _ledger_maintenance(app: web.Application) -> None:
+    """Reopen a ledger that was down, sweep expired leases into `unknown`, purge old keys."""
+    settings = app[CONFIG].ledger
+    handle = app[LEDGER]
+    while True:
+        if handle.store is None:
+            await asyncio.sleep(_LEDGER_RETRY_S)
+            await _open_ledger(app)
+            continue
+        try:
+            swept = await handle.store.sweep_expired()
+            if swept:
+                log.warning("%d expired lease(s) marked unknown", swept)
+            await handle.store.purge()
+        except LedgerError as exc:
+            log.error("ledger maintenance failed: %s", exc)
+        await asyncio.sleep(settings.sweep_interval_s)
+
+
+async def _ledger_ctx(app: web.Application) -> AsyncIterator[None]:
+    await _open_ledger(app)
+    task = asyncio.create_task(_ledger_maintenance(app), name="ledger-maintenance")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    store = app[LEDGER].store
+    if store is not None:
+        await store.close()

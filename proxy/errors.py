@@ -1,0 +1,62 @@
+"""The proxy's exception tree for talking to upstreams.
+
+    UpstreamError                  something went wrong reaching or hearing from an upstream
+    ├── UpstreamNotReached         nothing was sent: connect refused, DNS, process not started
+    ├── UpstreamPressure           the upstream refused before processing (HTTP 429/503/529)
+    ├── UpstreamRefused            another non-2xx status answered before a JSON-RPC reply
+    └── UpstreamLost               the request was sent and no complete answer came back
+        └── UpstreamTimeout        ... because the per-attempt timeout passed
+
+`UpstreamNotReached` and `UpstreamPressure` mean "certainly not executed": only they permit a retry
+of a side-effecting call. `UpstreamLost` makes a side-effecting call `unknown`. Transport code maps
+`aiohttp.ClientError` / OS errors into these in one place (`raise … from exc`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = [
+    "UpstreamError",
+    "UpstreamLost",
+    "UpstreamNotReached",
+    "UpstreamPressure",
+    "UpstreamRefused",
+    "UpstreamTimeout",
+]
+
+
+class UpstreamError(Exception):
+    """Root of the upstream errors."""
+
+
+class UpstreamNotReached(UpstreamError):
+    """The request never left the proxy (connection refused, no process)."""
+
+
+class UpstreamPressure(UpstreamError):
+    """The upstream answered 429/503/529 before processing; `headers` carry its retry hints."""
+
+    def __init__(self, status: int, headers: Mapping[str, str], body: bytes = b"") -> None:
+        super().__init__(f"upstream answered HTTP {status}")
+        self.status = status
+        self.headers = dict(headers)
+        self.body = body
+
+
+class UpstreamRefused(UpstreamError):
+    """The upstream answered with another non-2xx HTTP status (kept as-is for the client)."""
+
+    def __init__(self, status: int, headers: Mapping[str, str], body: bytes = b"") -> None:
+        super().__init__(f"upstream answered HTTP {status}")
+        self.status = status
+        self.headers = dict(headers)
+        self.body = body
+
+
+class UpstreamLost(UpstreamError):
+    """The request was sent; the answer never arrived whole (connection lost, process died)."""
+
+
+class UpstreamTimeout(UpstreamLost):
+    """The request was sent; the per-attempt timeout passed before the answer."""

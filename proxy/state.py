@@ -1,0 +1,51 @@
+"""Typed application state keys shared by the proxy's route modules."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from policies.model import Config
+
+if TYPE_CHECKING:
+    from ledger import LedgerStore
+    from proxy.scheduler import Scheduler
+
+__all__ = [
+    "ANNOTATIONS",
+    "CONFIG",
+    "LEDGER",
+    "REPLICA_ID",
+    "RUNTIME",
+    "SCHEDULER",
+    "LedgerHandle",
+    "Runtime",
+]
+
+
+@dataclass
+class LedgerHandle:
+    """The ledger as the proxy sees it: open, or down with the reason (side effects fail closed)."""
+
+    store: LedgerStore | None = None
+    error: str | None = "ledger not opened yet"
+
+
+@dataclass
+class Runtime:
+    """Process-wide flags: shutdown in progress, in-flight calls to drain."""
+
+    shutting_down: bool = False
+    in_flight: set[asyncio.Task[Any]] = field(default_factory=set)
+
+
+CONFIG = web.AppKey("config", Config)
+SCHEDULER: web.AppKey[Scheduler] = web.AppKey("scheduler")
+LEDGER = web.AppKey("ledger", LedgerHandle)
+REPLICA_ID = web.AppKey("replica_id", str)
+RUNTIME = web.AppKey("runtime", Runtime)
+# upstream name -> tool name -> annotations dict, learned from tools/list answers
+ANNOTATIONS = web.AppKey("annotations", dict[str, dict[str, dict[str, Any]]])
