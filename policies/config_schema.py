@@ -1,0 +1,130 @@
+"""The YAML configuration's schema, as pydantic models: the file boundary only.
+
+Every model forbids unknown keys so a typo is an error, not a silently ignored setting. Cross-field
+rules (shares summing to 1, cost classes that exist, …) are checked in `policies.config`, where the
+error can name the exact key and line.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ConfigIn"]
+
+PositiveInt = Annotated[int, Field(gt=0, strict=True)]
+NonNegativeInt = Annotated[int, Field(ge=0, strict=True)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+WorkClassName = Literal["critical", "interactive", "background", "bulk"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class LimitsIn(_Strict):
+    max_running: PositiveInt | None = None
+    max_pending: NonNegativeInt | None = None
+    max_wait_s: NonNegativeFloat | None = None
+
+
+class ClassIn(_Strict):
+    share: Fraction
+    max_wait_s: NonNegativeFloat = 0.0
+
+
+class AdminIn(_Strict):
+    token_env: str = "INTERLOCK_ADMIN_TOKEN"
+
+
+class LedgerIn(_Strict):
+    url: str = "sqlite:///interlock.db"
+    durability: Literal["full", "normal"] = "full"
+    lease_s: PositiveFloat = 30.0
+    retention_h: PositiveFloat = 24.0
+    max_outcome_bytes: PositiveInt = 65536
+    max_argument_bytes: PositiveInt = 8192
+    group_commit: bool = True
+    sweep_interval_s: PositiveFloat = 5.0
+
+
+class TelemetryIn(_Strict):
+    service_name: str = "interlock"
+    otlp_endpoint: str | None = None
+    enabled: bool = True
+    max_queue_size: PositiveInt = 2048
+    export_timeout_s: PositiveFloat = 5.0
+
+
+class DefaultsIn(_Strict):
+    work_class: WorkClassName = Field("interactive", alias="class")
+    timeout_s: PositiveFloat = 30.0
+    deadline_s: PositiveFloat = 60.0
+
+
+class RetryIn(_Strict):
+    max_attempts: PositiveInt = 3
+    budget_ratio: Fraction = 0.2
+    budget_min_retries: NonNegativeInt = 3
+    budget_window_s: PositiveFloat = 10.0
+    base_delay_s: PositiveFloat = 0.25
+    max_delay_s: PositiveFloat = 30.0
+
+
+class UpstreamIn(_Strict):
+    mcp: str | None = None
+    http: str | None = None
+    command: list[str] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    limits: LimitsIn = LimitsIn()
+    timeout_s: PositiveFloat | None = None
+    retry: RetryIn = RetryIn()
+
+
+class KeyFieldsIn(_Strict):
+    fields: Annotated[list[str], Field(min_length=1)]
+
+
+class ToolRuleIn(_Strict):
+    match: Annotated[str, Field(min_length=1)]
+    side_effect: bool | None = None
+    key: Literal["explicit", "derived", "none"] | KeyFieldsIn | None = None
+    cost_class: str | None = None
+    retry_budget: NonNegativeInt | None = None
+    reject_as: Literal["error", "tool_error"] = "error"
+    timeout_s: PositiveFloat | None = None
+    work_class: WorkClassName | None = Field(None, alias="class")
+
+
+class BudgetsIn(_Strict):
+    tokens: PositiveInt | None = None
+    window_s: PositiveFloat = 60.0
+
+
+class TenantsIn(_Strict):
+    api_keys: dict[str, str] = Field(default_factory=dict)
+    """API key (as sent in `Authorization: Bearer` or `x-api-key`) → tenant name."""
+
+
+class ConfigIn(_Strict):
+    listen: str = "127.0.0.1:8787"
+    mode: Literal["enforce", "observe"] = "enforce"
+    admin: AdminIn = AdminIn()
+    ledger: LedgerIn = LedgerIn()
+    telemetry: TelemetryIn = TelemetryIn()
+    defaults: DefaultsIn = Field(default_factory=lambda: DefaultsIn.model_validate({}))
+    classes: dict[WorkClassName, ClassIn] = Field(default_factory=dict)
+    limits: dict[Literal["global", "tenant", "run"], LimitsIn] = Field(default_factory=dict)
+    cost_classes: dict[str, LimitsIn] = Field(default_factory=dict)
+    upstreams: dict[str, UpstreamIn]
+    tools: list[ToolRuleIn] = Field(default_factory=list)
+    budgets: BudgetsIn = BudgetsIn()
+    tenants: TenantsIn = TenantsIn()
+    max_body_bytes: PositiveInt = 4 * 1024 * 1024
+    retry_after_cap_s: PositiveFloat = 300.0
+    shutdown_grace_s: NonNegativeFloat = 10.0
