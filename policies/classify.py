@@ -1,0 +1,149 @@
+"""Classification: is a call side-effecting, is it costly, and which policy rule governs it.
+
+The side-effect flag comes from the first source that says something:
+
+1. the first policy rule whose glob matches (rules are tried in order; the first match is the rule,
+   and its `side_effect: null` defers only that flag to the next source);
+2. for MCP tools, the tool's annotations from `tools/list`: `readOnlyHint: true` is read-only,
+   `readOnlyHint: false` is side-effecting;
+3. the defaults of DESIGN.md: an MCP tool is side-effecting; an HTTP `GET`/`HEAD` is read-only,
+   other methods are side-effecting, except model-inference paths, which are costly but not
+   side-effecting.
+
+A rule whose glob contains a space is an HTTP rule ("METHOD /path" or "upstream:METHOD /path");
+any other rule is an MCP rule on "upstream/tool". Each kind of call only looks at its kind of rule,
+so "*/search*" never catches an HTTP "GET /search" by accident. Globs are case-sensitive `fnmatch`.
+
+`destructiveHint` and `idempotentHint` never make a call read-only. `idempotentHint` is kept on the
+classification for telemetry and operators, but it does not license retrying a call that may have
+run: DESIGN.md only retries a side-effecting call that certainly did not take effect.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any, Literal
+
+from policies.model import Config, KeyRecipe, RejectAs, ToolRule, WorkClass
+
+__all__ = [
+    "INFERENCE_PATH",
+    "Classification",
+    "ClassificationSource",
+    "classify_http",
+    "classify_tool",
+    "is_http_rule",
+]
+
+ClassificationSource = Literal["rule", "annotations", "default"]
+
+# Model-inference endpoints of OpenAI- and Anthropic-style APIs, at the end of the path.
+INFERENCE_PATH = re.compile(
+    r"(?:^|/)(?:chat/completions|completions|responses|messages|embeddings)/?$"
+)
+_READ_ONLY_METHODS = frozenset({"GET", "HEAD"})
+_DERIVED = KeyRecipe("derived")
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    """What policy says about one call.
+
+    `costly` marks a model-inference path (budgeted, traced). `key` is the effective key recipe (the
+    rule's, else derived). `timeout_s` is the effective per-attempt timeout: the rule's, else the
+    upstream's, else the configured default. `work_class` is the rule's override, if any.
+    `source` names where `side_effect` came from.
+    """
+
+    side_effect: bool
+    costly: bool
+    key: KeyRecipe
+    cost_class: str | None
+    retry_budget: int | None
+    reject_as: RejectAs
+    timeout_s: float | None
+    work_class: WorkClass | None
+    rule_index: int | None
+    source: ClassificationSource
+    idempotent_hint: bool = False
+
+
+def is_http_rule(rule: ToolRule) -> bool:
+    """Whether a rule is written for HTTP calls ("METHOD /path"), not MCP tools."""
+    return " " in rule.match
+
+
+def classify_tool(
+    config: Config, upstream: str, tool: str, annotations: Mapping[str, Any] | None
+) -> Classification:
+    """Classify an MCP `tools/call` of `tool` on `upstream`, given its annotations if known."""
+    subject = f"{upstream}/{tool}"
+    rule = _first_rule(config, lambda r: not is_http_rule(r) and fnmatchcase(subject, r.match))
+    hints = annotations or {}
+    idempotent = hints.get("idempotentHint") is True
+    source: ClassificationSource
+    if rule is not None and rule.side_effect is not None:
+        side_effect, source = rule.side_effect, "rule"
+    elif isinstance(hints.get("readOnlyHint"), bool):
+        side_effect, source = hints["readOnlyHint"] is not True, "annotations"
+    else:
+        side_effect, source = True, "default"
+    return _build(config, upstream, rule, side_effect, False, source, idempotent)
+
+
+def classify_http(config: Config, upstream: str, method: str, path: str) -> Classification:
+    """Classify an HTTP request `method path` (query string ignored) to `upstream`."""
+    verb = method.upper()
+    bare = path.split("?", 1)[0]
+    bare = bare if bare.startswith("/") else f"/{bare}"
+    plain, scoped = f"{verb} {bare}", f"{upstream}:{verb} {bare}"
+
+    def matches(rule: ToolRule) -> bool:
+        return is_http_rule(rule) and (
+            fnmatchcase(plain, rule.match) or fnmatchcase(scoped, rule.match)
+        )
+
+    rule = _first_rule(config, matches)
+    read_only = verb in _READ_ONLY_METHODS
+    costly = not read_only and INFERENCE_PATH.search(bare) is not None
+    source: ClassificationSource
+    if rule is not None and rule.side_effect is not None:
+        side_effect, source = rule.side_effect, "rule"
+    else:
+        side_effect, source = not read_only and not costly, "default"
+    return _build(config, upstream, rule, side_effect, costly, source, False)
+
+
+def _first_rule(config: Config, predicate: Callable[[ToolRule], bool]) -> ToolRule | None:
+    return next((rule for rule in config.tools if predicate(rule)), None)
+
+
+def _build(
+    config: Config,
+    upstream: str,
+    rule: ToolRule | None,
+    side_effect: bool,
+    costly: bool,
+    source: ClassificationSource,
+    idempotent: bool,
+) -> Classification:
+    spec = config.upstreams.get(upstream)
+    upstream_timeout = spec.timeout_s if spec is not None else None
+    rule_timeout = rule.timeout_s if rule is not None else None
+    timeout = rule_timeout or upstream_timeout or config.defaults.timeout_s
+    return Classification(
+        side_effect=side_effect,
+        costly=costly,
+        key=(rule.key if rule is not None and rule.key is not None else _DERIVED),
+        cost_class=rule.cost_class if rule is not None else None,
+        retry_budget=rule.retry_budget if rule is not None else None,
+        reject_as=rule.reject_as if rule is not None else "error",
+        timeout_s=timeout,
+        work_class=rule.work_class if rule is not None else None,
+        rule_index=rule.index if rule is not None else None,
+        source=source,
+        idempotent_hint=idempotent,
+    )

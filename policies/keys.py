@@ -1,0 +1,150 @@
+"""Idempotency keys and request fingerprints.
+
+A call's *fingerprint* is always the hash of its full canonical arguments: it tells "the same key
+sent again with the same arguments" (replay) from "the same key reused for something else"
+(mismatch).
+The *key* names the ledger entry: the caller's explicit key, or one derived from canonical JSON, or
+none. Keys are scoped by tenant and upstream in the ledger, so an explicit key is returned as given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import unicodedata
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from policies.model import KeyRecipe
+
+__all__ = ["KeyDecision", "canonical_json", "decide_key", "fingerprint", "pick_field"]
+
+KeySource = Literal["explicit", "derived", "none"]
+
+
+def canonical_json(value: Any) -> str:
+    """Serialise a JSON-like value so that equal values give equal text.
+
+    Object keys are sorted, strings (keys too) are put in Unicode NFC, numbers are normalised
+    (an integral float such as `1.0` is written `1`, `-0.0` is `0`), and no spaces are written.
+
+    Raises:
+        TypeError: a value that JSON cannot carry (sets, bytes, objects, non-string keys).
+        ValueError: NaN or infinity, or two keys of one object that are equal once normalised.
+    """
+    return json.dumps(
+        _normalise(value),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    )
+
+
+def fingerprint(arguments: Any) -> str:
+    """The sha256 hex digest of the canonical arguments; absent arguments (`None`) count as `{}`."""
+    return _sha256(canonical_json({} if arguments is None else arguments))
+
+
+@dataclass(frozen=True, slots=True)
+class KeyDecision:
+    """The idempotency key of one call (`None`: no dedupe) and the fingerprint stored with it."""
+
+    key: str | None
+    source: KeySource
+    fingerprint: str
+
+
+def decide_key(
+    recipe: KeyRecipe,
+    *,
+    explicit: str | None,
+    tenant: str,
+    upstream: str,
+    tool: str,
+    arguments: Any,
+    run_id: str | None,
+) -> KeyDecision:
+    """Pick the key of a call: the caller's key wins, else the recipe decides.
+
+    `derived` hashes tenant, upstream, tool, run id and all arguments; `fields` hashes the same
+    context with only the named argument fields (dotted paths reach into objects, numeric parts
+    index lists; a missing field counts as null), so rewording an unnamed free-text field keeps
+    the key. `explicit` without a caller key, and `none`, give no key. A blank explicit key counts
+    as absent.
+
+    Raises:
+        TypeError, ValueError: arguments that have no canonical JSON form (see `canonical_json`).
+    """
+    arguments_print = fingerprint(arguments)
+    if explicit is not None and explicit.strip():
+        return KeyDecision(explicit, "explicit", arguments_print)
+    if recipe.mode in ("none", "explicit"):
+        return KeyDecision(None, "none", arguments_print)
+    document: dict[str, Any] = {
+        "recipe": recipe.mode,
+        "tenant": tenant,
+        "upstream": upstream,
+        "tool": tool,
+        "run_id": run_id,
+    }
+    if recipe.mode == "fields":
+        args = {} if arguments is None else arguments
+        document["fields"] = {name: pick_field(args, name) for name in recipe.fields}
+    else:
+        document["arguments"] = {} if arguments is None else arguments
+    return KeyDecision(_sha256(canonical_json(document)), "derived", arguments_print)
+
+
+def pick_field(arguments: Any, path: str) -> Any:
+    """The value at a dotted `path` inside `arguments`, or `None` when any step is missing."""
+    node = arguments
+    for part in path.split("."):
+        if isinstance(node, Mapping):
+            if part not in node:
+                return None
+            node = node[part]
+        elif isinstance(node, Sequence) and not isinstance(node, str) and part.isdigit():
+            index = int(part)
+            if index >= len(node):
+                return None
+            node = node[index]
+        else:
+            return None
+    return node
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _normalise(value: Any) -> Any:
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return unicodedata.normalize("NFC", value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value!r} has no JSON form")
+        return int(value) if value.is_integer() else value
+    if isinstance(value, Mapping):
+        return _normalise_object(value)
+    if isinstance(value, list | tuple):
+        return [_normalise(item) for item in value]
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
+def _normalise_object(value: Mapping[Any, Any]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise TypeError(f"object key {key!r} is not a string")
+        name = unicodedata.normalize("NFC", key)
+        if name in result:
+            raise ValueError(f"object keys collide once put in Unicode NFC: {name!r}")
+        result[name] = _normalise(item)
+    return result

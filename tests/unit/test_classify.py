@@ -1,0 +1,145 @@
+"""Classification: rules first (first match wins), then MCP annotations, then the HTTP defaults."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.classify import classify_http, classify_tool, is_http_rule
+from policies.model import Config, Defaults, KeyRecipe, ToolRule, UpstreamSpec
+
+
+def _config(*rules: ToolRule, upstream_timeout: float | None = None) -> Config:
+    upstreams = {
+        "mail": UpstreamSpec(
+            "mail", "mcp_http", url="http://127.0.0.1:9/mcp", timeout_s=upstream_timeout
+        ),
+        "openai": UpstreamSpec("openai", "http", url="http://127.0.0.1:9"),
+    }
+    return Config(upstreams=upstreams, tools=rules, defaults=Defaults(timeout_s=30.0))
+
+
+def test_first_matching_rule_wins_and_carries_its_settings() -> None:
+    """The first rule that matches decides, and its key recipe, cost class and budget come along."""
+    config = _config(
+        ToolRule(
+            "mail/send_*",
+            0,
+            side_effect=True,
+            key=KeyRecipe("fields", ("to", "subject")),
+            cost_class="email",
+            retry_budget=2,
+            reject_as="tool_error",
+            timeout_s=5.0,
+            work_class="background",
+        ),
+        ToolRule("mail/*", 1, side_effect=False),
+    )
+    send = classify_tool(config, "mail", "send_email", {"readOnlyHint": True})
+    assert send.side_effect is True
+    assert send.source == "rule"
+    assert send.rule_index == 0
+    assert send.key == KeyRecipe("fields", ("to", "subject"))
+    assert (send.cost_class, send.retry_budget, send.reject_as) == ("email", 2, "tool_error")
+    assert (send.timeout_s, send.work_class) == (5.0, "background")
+    other = classify_tool(config, "mail", "list_folders", None)
+    assert (other.side_effect, other.source, other.rule_index) == (False, "rule", 1)
+
+
+def test_rule_without_side_effect_defers_the_flag_but_keeps_its_settings() -> None:
+    """A rule with `side_effect: null` lets annotations decide; its key recipe still applies."""
+    config = _config(ToolRule("mail/*", 0, key=KeyRecipe("none"), cost_class="email"))
+    result = classify_tool(config, "mail", "search", {"readOnlyHint": True})
+    assert (result.side_effect, result.source) == (False, "annotations")
+    assert (result.key, result.cost_class, result.rule_index) == (KeyRecipe("none"), "email", 0)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "side_effect", "source"),
+    [
+        ({"readOnlyHint": True}, False, "annotations"),
+        ({"readOnlyHint": False, "idempotentHint": True}, True, "annotations"),
+        ({"destructiveHint": False}, True, "default"),
+        ({"readOnlyHint": "yes"}, True, "default"),
+        (None, True, "default"),
+    ],
+)
+def test_annotations_then_default_decide_without_a_rule(
+    annotations: dict[str, object] | None, side_effect: bool, source: str
+) -> None:
+    """Only a boolean readOnlyHint makes a tool read-only; without it a tool is side-effecting."""
+    result = classify_tool(_config(), "mail", "anything", annotations)
+    assert (result.side_effect, result.source, result.rule_index) == (side_effect, source, None)
+    assert result.key == KeyRecipe("derived")
+    assert result.costly is False
+
+
+def test_idempotent_hint_is_recorded_but_does_not_make_a_tool_read_only() -> None:
+    """idempotentHint is kept on the classification and leaves the tool side-effecting."""
+    result = classify_tool(_config(), "mail", "set_flag", {"idempotentHint": True})
+    assert result.idempotent_hint is True
+    assert result.side_effect is True
+
+
+def test_timeout_falls_back_from_rule_to_upstream_to_default() -> None:
+    """The per-attempt timeout is the rule's, else the upstream's, else the configured default."""
+    with_rule = _config(ToolRule("mail/slow", 0, timeout_s=90.0), upstream_timeout=20.0)
+    assert classify_tool(with_rule, "mail", "slow", None).timeout_s == 90.0
+    assert classify_tool(with_rule, "mail", "fast", None).timeout_s == 20.0
+    assert classify_tool(_config(), "mail", "fast", None).timeout_s == 30.0
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "side_effect", "costly"),
+    [
+        ("GET", "/v1/models", False, False),
+        ("head", "/v1/models", False, False),
+        ("POST", "/v1/files", True, False),
+        ("DELETE", "/v1/files/abc", True, False),
+        ("POST", "/v1/chat/completions", False, True),
+        ("POST", "/chat/completions", False, True),
+        ("POST", "/v1/completions", False, True),
+        ("POST", "/v1/responses", False, True),
+        ("POST", "/v1/messages", False, True),
+        ("POST", "/v1/embeddings?x=1", False, True),
+        ("POST", "/openai/deployments/gpt/chat/completions", False, True),
+        ("POST", "/v1/messages/batches", True, False),
+        ("GET", "/v1/responses", False, False),
+    ],
+)
+def test_http_defaults(method: str, path: str, side_effect: bool, costly: bool) -> None:
+    """GET/HEAD read-only; inference costly, not side-effecting; everything else side-effecting."""
+    result = classify_http(_config(), "openai", method, path)
+    assert (result.side_effect, result.costly, result.source) == (side_effect, costly, "default")
+
+
+def test_http_rules_match_method_path_globs_with_optional_upstream_prefix() -> None:
+    """HTTP rules match "METHOD /path" and "upstream:METHOD /path", not another upstream's."""
+    config = _config(
+        ToolRule("other:POST /v1/*", 0, side_effect=False),
+        ToolRule("openai:POST /v1/files", 1, side_effect=False),
+        ToolRule("GET /v1/files/*", 2, side_effect=True, cost_class="files"),
+    )
+    posted = classify_http(config, "openai", "POST", "/v1/files")
+    assert (posted.side_effect, posted.rule_index, posted.source) == (False, 1, "rule")
+    fetched = classify_http(config, "openai", "get", "/v1/files/abc")
+    assert (fetched.side_effect, fetched.rule_index, fetched.cost_class) == (True, 2, "files")
+
+
+def test_mcp_and_http_rules_do_not_catch_each_other() -> None:
+    """A tool glob never matches an HTTP request and an HTTP glob never matches a tool."""
+    config = _config(
+        ToolRule("*/search*", 0, side_effect=False), ToolRule("* /*", 1, cost_class="x")
+    )
+    assert is_http_rule(config.tools[1])
+    assert not is_http_rule(config.tools[0])
+    http = classify_http(config, "openai", "POST", "/search")
+    assert (http.side_effect, http.rule_index) == (True, 1)
+    tool = classify_tool(config, "mail", "search_inbox", None)
+    assert (tool.side_effect, tool.rule_index) == (False, 0)
+
+
+def test_rule_can_make_an_inference_path_side_effecting() -> None:
+    """A rule overrides the inference default; the path stays costly."""
+    config = _config(ToolRule("POST /v1/responses", 0, side_effect=True))
+    result = classify_http(config, "openai", "POST", "/v1/responses")
+    assert (result.side_effect, result.costly, result.source) == (True, True, "rule")

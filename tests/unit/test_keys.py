@@ -1,0 +1,187 @@
+"""Idempotency keys: canonical JSON, fingerprints, and the key recipes."""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from policies.keys import canonical_json, decide_key, fingerprint, pick_field
+from policies.model import KeyRecipe
+
+CONTEXT: dict[str, Any] = {"tenant": "acme", "upstream": "mail", "tool": "send", "run_id": "r1"}
+
+json_scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
+json_floats = st.floats(allow_nan=False, allow_infinity=False)
+json_values = st.recursive(
+    json_scalars | json_floats,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+def _key(recipe: KeyRecipe, arguments: Any, **overrides: Any) -> str | None:
+    context = {**CONTEXT, **overrides}
+    return decide_key(
+        recipe, explicit=context.pop("explicit", None), arguments=arguments, **context
+    ).key
+
+
+def _reorder_and_decompose(value: Any, draw_order: Any) -> Any:
+    """The same JSON value with objects in another key order and strings in Unicode NFD."""
+    if isinstance(value, str):
+        return unicodedata.normalize("NFD", value)
+    if isinstance(value, list):
+        return [_reorder_and_decompose(item, draw_order) for item in value]
+    if isinstance(value, dict):
+        keys = draw_order(list(value))
+        return {
+            unicodedata.normalize("NFD", k): _reorder_and_decompose(value[k], draw_order)
+            for k in keys
+        }
+    return value
+
+
+def test_canonical_json_sorts_keys_and_drops_spaces() -> None:
+    """Object keys are sorted and no whitespace is written."""
+    assert (
+        canonical_json({"b": 1, "a": [1, {"d": None, "c": True}]})
+        == '{"a":[1,{"c":true,"d":null}],"b":1}'
+    )
+
+
+def test_canonical_json_normalises_numbers() -> None:
+    """An integral float is written as an integer, -0.0 as 0, other floats keep their value."""
+    assert (
+        canonical_json([1.0, -0.0, 2.5, 10**20, 1e20])
+        == "[1,0,2.5,100000000000000000000,100000000000000000000]"
+    )
+
+
+def test_canonical_json_puts_strings_and_keys_in_nfc() -> None:
+    """A decomposed string and key serialise exactly like their composed forms."""
+    decomposed = {"cafe\u0301": "re\u0301sume\u0301"}
+    assert canonical_json(decomposed) == canonical_json({"café": "résumé"}) == '{"café":"résumé"}'
+
+
+def test_canonical_json_refuses_non_json() -> None:
+    """NaN, non-string keys, keys that collide once normalised, and foreign types are refused."""
+    with pytest.raises(ValueError):
+        canonical_json({"x": math.nan})
+    with pytest.raises(TypeError):
+        canonical_json({1: "x"})
+    with pytest.raises(ValueError, match="collide"):
+        canonical_json({"é": 1, "e\u0301": 2})
+    with pytest.raises(TypeError):
+        canonical_json({"x": b"bytes"})
+
+
+def test_fingerprint_is_sha256_of_canonical_arguments_and_none_is_empty() -> None:
+    """The fingerprint is the hex sha256 of canonical JSON, and missing arguments equal `{}`."""
+    import hashlib
+
+    assert fingerprint({"b": 2, "a": 1}) == hashlib.sha256(b'{"a":1,"b":2}').hexdigest()
+    assert fingerprint(None) == fingerprint({})
+
+
+def test_explicit_key_wins_over_every_recipe() -> None:
+    """A caller's key is used as given whatever the recipe, with source explicit."""
+    for recipe in (KeyRecipe("derived"), KeyRecipe("fields", ("a",)), KeyRecipe("none")):
+        decision = decide_key(recipe, explicit="order-7", arguments={"a": 1}, **CONTEXT)
+        assert (decision.key, decision.source) == ("order-7", "explicit")
+        assert decision.fingerprint == fingerprint({"a": 1})
+
+
+def test_blank_explicit_key_counts_as_absent() -> None:
+    """An empty Idempotency-Key header does not become a key shared by every call."""
+    decision = decide_key(KeyRecipe("derived"), explicit="  ", arguments={"a": 1}, **CONTEXT)
+    assert decision.source == "derived"
+    assert decision.key != "  "
+
+
+def test_none_and_explicit_recipes_without_caller_key_give_no_key() -> None:
+    """Recipes `none` and `explicit` without a caller key mean no dedupe; the fingerprint stays."""
+    for recipe in (KeyRecipe("none"), KeyRecipe("explicit")):
+        decision = decide_key(recipe, explicit=None, arguments={"a": 1}, **CONTEXT)
+        assert (decision.key, decision.source) == (None, "none")
+        assert decision.fingerprint == fingerprint({"a": 1})
+
+
+def test_derived_key_depends_on_every_part_of_its_context() -> None:
+    """Tenant, upstream, tool, run id and arguments each change the derived key."""
+    recipe = KeyRecipe("derived")
+    base = _key(recipe, {"a": 1})
+    assert base is not None
+    assert len(base) == 64
+    assert _key(recipe, {"a": 1}) == base
+    variants = [
+        _key(recipe, {"a": 2}),
+        _key(recipe, {"a": 1}, tenant="other"),
+        _key(recipe, {"a": 1}, upstream="other"),
+        _key(recipe, {"a": 1}, tool="other"),
+        _key(recipe, {"a": 1}, run_id=None),
+        _key(recipe, {"a": 1}, run_id="r2"),
+    ]
+    assert len({base, *variants}) == 7
+
+
+def test_fields_recipe_uses_only_named_fields_and_dotted_paths() -> None:
+    """A fields recipe keys on the named (dotted) fields only; missing fields count as null."""
+    recipe = KeyRecipe("fields", ("to", "meta.order_id"))
+    first = {"to": "a@b.c", "meta": {"order_id": 7, "note": "hi"}, "body": "Hello!"}
+    reworded = {"to": "a@b.c", "meta": {"order_id": 7, "note": "bye"}, "body": "Hi there"}
+    assert _key(recipe, first) == _key(recipe, reworded)
+    assert _key(recipe, first) != _key(recipe, {**first, "to": "x@y.z"})
+    assert _key(recipe, {"to": "a@b.c"}) == _key(
+        recipe, {"to": "a@b.c", "meta": {"order_id": None}}
+    )
+    assert _key(recipe, first) != _key(KeyRecipe("derived"), first)
+    fields_decision = decide_key(recipe, explicit=None, arguments=first, **CONTEXT)
+    assert fields_decision.fingerprint != fingerprint(reworded)
+
+
+def test_pick_field_walks_objects_and_lists() -> None:
+    """Dotted paths reach into objects and, with numeric parts, into lists; dead ends are None."""
+    arguments = {"items": [{"id": "x"}, {"id": "y"}], "to": "a"}
+    assert pick_field(arguments, "items.1.id") == "y"
+    assert pick_field(arguments, "items.5.id") is None
+    assert pick_field(arguments, "to.length") is None
+    assert pick_field(arguments, "missing") is None
+
+
+@given(value=json_values, data=st.data())
+def test_key_ignores_key_order_and_unicode_form(value: Any, data: st.DataObject) -> None:
+    """The same arguments in any key order or Unicode form give the same key and fingerprint."""
+
+    def shuffled(keys: list[str]) -> list[str]:
+        return data.draw(st.permutations(keys))
+
+    try:
+        expected = _key(KeyRecipe("derived"), {"v": value})
+    except ValueError:  # two keys that collide once normalised are refused either way
+        return
+    variant = _reorder_and_decompose({"v": value}, shuffled)
+    assert _key(KeyRecipe("derived"), variant) == expected
+    assert fingerprint(variant) == fingerprint({"v": value})
+
+
+unnamed_fields = st.dictionaries(st.text("abcxyz", min_size=1, max_size=4), json_values, max_size=4)
+
+
+@given(
+    named=st.dictionaries(st.sampled_from(["to", "subject"]), json_values, max_size=2),
+    other=unnamed_fields,
+    other_again=unnamed_fields,
+)
+def test_fields_recipe_ignores_fields_it_does_not_name(
+    named: dict[str, Any], other: dict[str, Any], other_again: dict[str, Any]
+) -> None:
+    """A per-tool recipe gives the same key whatever the unnamed fields hold."""
+    recipe = KeyRecipe("fields", ("to", "subject"))
+    assert _key(recipe, {**other, **named}) == _key(recipe, {**other_again, **named})
