@@ -1,0 +1,164 @@
+"""Token usage read from OpenAI- and Anthropic-style responses, whole JSON bodies or SSE streams.
+
+Shapes understood (the `usage` object may sit at the top, under `message` or under `response`):
+- OpenAI Chat Completions / Embeddings: `usage.prompt_tokens`, `usage.completion_tokens`; in a
+  stream, the final chunk carries `usage` (if the caller asked for `stream_options.include_usage`).
+- OpenAI Responses: `usage.input_tokens`, `usage.output_tokens`; streamed in `response.completed`.
+- Anthropic Messages: `usage.input_tokens` (+ cache creation/read tokens), `usage.output_tokens`;
+  streamed as `message_start` (input) and `message_delta` (cumulative output).
+
+Fields present in a later usage object replace earlier ones, which matches both "one usage at the
+end" and Anthropic's cumulative deltas. Nothing here raises on odd input: usage that cannot be
+read is simply absent.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["StreamUsage", "Usage", "usage_from_json"]
+
+_INPUT_FIELDS = ("prompt_tokens", "input_tokens")
+_CACHE_FIELDS = ("cache_creation_input_tokens", "cache_read_input_tokens")
+_OUTPUT_FIELDS = ("completion_tokens", "output_tokens")
+_MAX_LINE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens one model call consumed, and the model that answered."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    model: str | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _first_int(usage: dict[str, Any], names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = _int(usage.get(name))
+        if value is not None:
+            return value
+    return None
+
+
+def _containers(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The message itself and the nested objects that may carry `usage` / `model`."""
+    found = [message]
+    for key in ("message", "response"):
+        inner = message.get(key)
+        if isinstance(inner, dict):
+            found.append(inner)
+    return found
+
+
+class _UsageAccumulator:
+    """Merges usage objects as they are found: later fields replace earlier ones."""
+
+    def __init__(self) -> None:
+        self.input: int | None = None
+        self.cache: dict[str, int] = {}
+        self.output: int | None = None
+        self.model: str | None = None
+
+    @property
+    def seen(self) -> bool:
+        return self.input is not None or self.output is not None
+
+    def merge(self, message: Any) -> None:
+        if not isinstance(message, dict):
+            return
+        for container in _containers(message):
+            if self.model is None and isinstance(container.get("model"), str):
+                self.model = container["model"]
+            usage = container.get("usage")
+            if not isinstance(usage, dict):
+                continue
+            if (value := _first_int(usage, _INPUT_FIELDS)) is not None:
+                self.input = value
+            for name in _CACHE_FIELDS:
+                if (value := _int(usage.get(name))) is not None:
+                    self.cache[name] = value
+            if (value := _first_int(usage, _OUTPUT_FIELDS)) is not None:
+                self.output = value
+
+    def result(self) -> Usage | None:
+        if not self.seen:
+            return None
+        return Usage(
+            input_tokens=(self.input or 0) + sum(self.cache.values()),
+            output_tokens=self.output or 0,
+            model=self.model,
+        )
+
+
+def usage_from_json(body: bytes) -> Usage | None:
+    """Usage in a complete (uncompressed) JSON response body, or None if it has none."""
+    try:
+        message = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    acc = _UsageAccumulator()
+    acc.merge(message)
+    return acc.result()
+
+
+class StreamUsage:
+    """Reads usage from an SSE response as its chunks are relayed (the bytes are not changed).
+
+    Only `data:` lines are looked at, and only those that can hold usage are parsed as JSON
+    (plus the first one, for the model name), so relaying a long stream stays cheap.
+    """
+
+    def __init__(self) -> None:
+        self._partial = b""
+        self._acc = _UsageAccumulator()
+        self._skip_line = False
+
+    def feed(self, chunk: bytes) -> None:
+        """Consume the next chunk of the stream, in order."""
+        data = self._partial + chunk if self._partial else chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        if len(self._partial) > _MAX_LINE_BYTES:
+            # a line this long is not a usage event; drop it rather than hold it in memory
+            self._partial = b""
+            self._skip_line = True
+        for line in lines:
+            if self._skip_line:
+                self._skip_line = False
+                continue
+            self._line(line)
+
+    def _line(self, line: bytes) -> None:
+        if not line.startswith(b"data:"):
+            return
+        if self._acc.model is not None and b'"usage"' not in line:
+            return
+        payload = line[5:].strip()
+        if not payload.startswith(b"{"):
+            return  # e.g. "[DONE]"
+        try:
+            self._acc.merge(json.loads(payload))
+        except (ValueError, UnicodeDecodeError):
+            return
+
+    def result(self) -> Usage | None:
+        """Usage seen so far (the final value once the stream has ended)."""
+        if self._partial and not self._skip_line:
+            self._line(self._partial.rstrip(b"\r"))
+            self._partial = b""
+        return self._acc.result()
+
+    @property
+    def model(self) -> str | None:
+        return self._acc.model
