@@ -1,0 +1,60 @@
+"""How a `tools/call` outcome is stored in the ledger and replayed to a later caller."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ledger import EntryView
+
+__all__ = ["REPLAY_META", "decode_replay", "encode_outcome", "outcome_state"]
+
+REPLAY_META = "interlock/replayed"
+JsonObject = dict[str, Any]
+
+
+def outcome_state(response: JsonObject) -> str:
+    """`failed` for a JSON-RPC error or an `isError` tool result, else `succeeded`."""
+    if "error" in response:
+        return "failed"
+    result = response.get("result")
+    if isinstance(result, dict) and result.get("isError") is True:
+        return "failed"
+    return "succeeded"
+
+
+def encode_outcome(response: JsonObject) -> bytes:
+    """The response without its request id, as compact UTF-8 JSON (what a replay answers)."""
+    body = {k: v for k, v in response.items() if k in ("result", "error")}
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def decode_replay(entry: EntryView, request_id: Any, *, modern: bool) -> JsonObject:
+    """The stored outcome of `entry` as the response to `request_id`, marked as a replay."""
+    marker = {REPLAY_META: True, "interlock/entry-id": entry.id}
+    if entry.outcome is None:
+        result: JsonObject = {
+            "content": [
+                {
+                    "type": "text",
+                    "text": f"The call completed ({entry.state}); its outcome was not retained.",
+                }
+            ],
+            "isError": entry.state != "succeeded",
+            "_meta": {**marker, "interlock/outcome-retained": False},
+        }
+        if modern:
+            result["resultType"] = "complete"
+        return {"jsonrpc": "2.0", "id": request_id, "result": result}
+    stored: JsonObject = json.loads(entry.outcome)
+    if "result" in stored and isinstance(stored["result"], dict):
+        meta = dict(stored["result"].get("_meta") or {})
+        meta.update(marker)
+        stored["result"] = {**stored["result"], "_meta": meta}
+    elif "error" in stored and isinstance(stored["error"], dict):
+        data = stored["error"].get("data")
+        stored["error"] = {
+            **stored["error"],
+            "data": {**data, **marker} if isinstance(data, dict) else {**marker, "upstream": data},
+        }
+    return {"jsonrpc": "2.0", "id": request_id, **stored}
