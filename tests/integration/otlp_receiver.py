@@ -1,4 +1,4 @@
-"""A real OTLP/HTTP trace receiver for tests: an aiohttp server decoding `ExportTraceServiceRequest`.
+"""A real OTLP/HTTP trace receiver for tests: aiohttp, decoding `ExportTraceServiceRequest`.
 
     async with OtlpReceiver() as receiver:           # listens on 127.0.0.1, a free port
         settings = TelemetrySettings(otlp_endpoint=receiver.endpoint)

@@ -1,0 +1,128 @@
+"""Metric instruments rendered by the Prometheus reader on a handle's own registry."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from policies.model import TelemetrySettings
+from proxy import metrics
+from proxy.otel_setup import TelemetryHandle, active_handle, configure_telemetry
+
+
+@pytest.fixture
+def handle() -> Iterator[TelemetryHandle]:
+    h = configure_telemetry(TelemetrySettings(), enabled=False, set_global=False)
+    yield h
+    h.shutdown()
+
+
+def scrape(h: TelemetryHandle) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the registry as {(name, sorted labels): value}."""
+    text = generate_latest(h.registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_counters_and_histograms_use_prometheus_names(handle: TelemetryHandle) -> None:
+    """Refusals count by reason/scope/upstream; durations are seconds histograms."""
+    for _ in range(3):
+        metrics.refusal("overloaded", "upstream:mail", "mail")
+    metrics.retry("mail")
+    metrics.budget_exhausted("acme")
+    metrics.first_byte("mail", 0.2)
+    metrics.operation_duration("tools/call", "mail", 0.3, "tool_error", tool="send_email")
+    samples = scrape(handle)
+    key = (("reason", "overloaded"), ("scope", "upstream:mail"), ("upstream", "mail"))
+    assert samples[("interlock_admission_refusals_total", key)] == 3
+    assert samples[("interlock_upstream_retries_total", (("upstream", "mail"),))] == 1
+    assert samples[("interlock_budget_exhausted_total", (("tenant", "acme"),))] == 1
+    first_byte = ("interlock_admission_to_first_byte_seconds_count", (("upstream", "mail"),))
+    assert samples[first_byte] == 1
+    duration = [
+        labels
+        for (name, labels) in samples
+        if name == "mcp_server_operation_duration_seconds_count"
+    ]
+    assert duration == [
+        (
+            ("error_type", "tool_error"),
+            ("gen_ai_tool_name", "send_email"),
+            ("mcp_method_name", "tools/call"),
+            ("upstream", "mail"),
+        )
+    ]
+
+
+def test_state_gauges_report_every_registered_source(handle: TelemetryHandle) -> None:
+    """Queue, running, cooldown, ledger gauges come from state sources; key states always show."""
+    reading = metrics.StateReading(
+        queue_depth={"global": 4, "tenant:acme": 1},
+        oldest_wait_s={"global": 2.5},
+        running={"global": 8},
+        cooldown_remaining_s={"mail": 3.0, "files": 0.0},
+        ledger_entries={"unknown": 1, "running": 2},
+        ledger_oldest_unknown_s=42.0,
+    )
+    remove = metrics.add_state_source(lambda: reading)
+    try:
+        samples = scrape(handle)
+    finally:
+        remove()
+    assert samples[("interlock_queue_depth", (("scope", "global"),))] == 4
+    assert samples[("interlock_queue_depth", (("scope", "tenant:acme"),))] == 1
+    assert samples[("interlock_queue_oldest_wait_seconds", (("scope", "global"),))] == 2.5
+    assert samples[("interlock_running", (("scope", "global"),))] == 8
+    assert samples[("interlock_upstream_cooldown_active", (("upstream", "mail"),))] == 1
+    assert samples[("interlock_upstream_cooldown_active", (("upstream", "files"),))] == 0
+    for state, count in {"unknown": 1, "running": 2, "accepted": 0, "blocked": 0}.items():
+        assert samples[("interlock_ledger_entries", (("state", state),))] == count
+    assert samples[("interlock_ledger_oldest_unknown_age_seconds", ())] == 42.0
+    assert samples[("interlock_ledger_up", ())] == 1
+    assert not [k for k in scrape(handle) if k[0] == "interlock_queue_depth"]
+
+
+def test_unreadable_ledger_reports_no_counts_rather_than_zeros(handle: TelemetryHandle) -> None:
+    """When the ledger cannot be read, entries are absent and `interlock_ledger_up` is 0."""
+    remove = metrics.add_state_source(lambda: metrics.StateReading(ledger_up=False))
+    try:
+        samples = scrape(handle)
+    finally:
+        remove()
+    assert not [k for k in samples if k[0] == "interlock_ledger_entries"]
+    assert samples[("interlock_ledger_up", ())] == 0
+
+
+def test_dropped_span_series_exist_from_the_start(handle: TelemetryHandle) -> None:
+    """Alerts see `interlock_telemetry_spans_dropped_total` at 0 before anything was dropped."""
+    samples = scrape(handle)
+    for reason in ("queue_full", "export_failed", "shutdown"):
+        assert samples[("interlock_telemetry_spans_dropped_total", (("reason", reason),))] == 0
+
+
+def test_shutdown_unbinds_the_handle() -> None:
+    """After shutdown, measurements go nowhere and no handle is active."""
+    h = configure_telemetry(TelemetrySettings(), enabled=False, set_global=False)
+    assert active_handle() is h
+    h.shutdown()
+    assert active_handle() is None
+    metrics.refusal("overloaded", "global", "mail")  # must not raise into a shut-down provider
+
+
+def test_handles_have_separate_registries() -> None:
+    """Two handles in one process never share counts (each application scrapes its own)."""
+    first = configure_telemetry(TelemetrySettings(), enabled=False, set_global=False)
+    first.shutdown()
+    second = configure_telemetry(TelemetrySettings(), enabled=False, set_global=False)
+    try:
+        metrics.retry("mail")
+        assert scrape(second)[("interlock_upstream_retries_total", (("upstream", "mail"),))] == 1
+        assert first.registry is not second.registry
+    finally:
+        second.shutdown()
