@@ -1,0 +1,335 @@
+"""Forwarding bytes to an HTTP upstream and back: path safety, header filters, transport errors.
+
+The pure parts (the target URL, the hop-by-hop header filters) are plain functions; the I/O parts
+are `open_upstream` (one attempt: send, wait for the response head) and `iter_body` (relay the
+body chunk by chunk as it arrives). Both translate aiohttp's errors into `proxy.errors` in one
+place, `_translate`, so the pipeline only ever sees our own exception tree.
+
+`Downstream` is the caller's side of the exchange: it knows whether anything was sent to the caller
+yet (a retry is only possible before that), opens an SSE stream early to tell a waiting streaming
+caller what it is waiting for, and ends a broken stream so the caller sees an error, not a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
+from urllib.parse import unquote
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from policies.answers import Answer
+from proxy.errors import (
+    UpstreamError,
+    UpstreamLost,
+    UpstreamNotReached,
+    UpstreamPressure,
+    UpstreamTimeout,
+)
+
+__all__ = [
+    "HOP_BY_HOP",
+    "PRESSURE_STATUSES",
+    "Downstream",
+    "UnsafePath",
+    "iter_body",
+    "open_upstream",
+    "request_headers",
+    "response_headers",
+    "split_route",
+    "upstream_url",
+]
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+PRESSURE_STATUSES = frozenset({429, 503, 529})
+# Headers of the caller that describe the connection to the proxy, not the request itself.
+_REQUEST_ONLY_HERE = frozenset({"host", "content-length", "expect"})
+_CONTROL_PREFIX = "x-interlock-"
+_PRESSURE_BODY_CAP = 64 * 1024
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+class UnsafePath(ValueError):
+    """The path would leave the upstream's base URL (dot segments, encoded slashes, a host)."""
+
+
+# ---------------------------------------------------------------------------- pure: paths
+
+
+def split_route(raw_path: str) -> tuple[str, str]:
+    """Split the raw request path `/http/{upstream}/{tail}` into (upstream name, raw tail).
+
+    The tail is kept exactly as the caller encoded it; the upstream name is percent-decoded.
+
+    Raises:
+        UnsafePath: the path does not start with `/http/{upstream}`.
+    """
+    path = raw_path.split("?", 1)[0]
+    if not path.startswith("/http/"):
+        raise UnsafePath("the path must start with /http/{upstream}/")
+    name, _, tail = path[len("/http/") :].partition("/")
+    if not name:
+        raise UnsafePath("the path names no upstream")
+    return unquote(name), tail
+
+
+def _check_segment(segment: str) -> None:
+    decoded = segment
+    for _ in range(3):  # double or triple encoding must not smuggle a dot segment or a slash
+        if decoded in (".", "..") or "/" in decoded or "\\" in decoded:
+            raise UnsafePath(f"path segment {segment!r} could escape the upstream's base URL")
+        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in decoded):
+            raise UnsafePath(f"path segment {segment!r} contains a control character")
+        if "%" not in decoded:
+            return
+        decoded = unquote(decoded)
+    raise UnsafePath(f"path segment {segment!r} is encoded too many times")
+
+
+def upstream_url(base_url: str, raw_tail: str, query_string: str = "") -> URL:
+    """The target URL: the configured base URL, then `/`, then the caller's path, then its query.
+
+    Raises:
+        UnsafePath: the tail holds an absolute URL, `//`, a dot segment (also percent-encoded),
+            an encoded slash or backslash, or a control character.
+    """
+    if _SCHEME.match(raw_tail) or raw_tail.startswith("/"):
+        raise UnsafePath("the path must be relative to the upstream's base URL")
+    segments = raw_tail.split("/") if raw_tail else []
+    for index, segment in enumerate(segments):
+        if segment == "" and index != len(segments) - 1:
+            raise UnsafePath("empty path segments ('//') are not allowed")
+        if segment:
+            _check_segment(segment)
+    base = URL(base_url)
+    prefix = base.raw_path.rstrip("/")
+    query = f"?{query_string}" if query_string else ""
+    target = URL(f"{base.origin()}{prefix}/{raw_tail}{query}", encoded=True)
+    if (target.scheme, target.host, target.port) != (base.scheme, base.host, base.port):
+        raise UnsafePath("the target left the upstream's host")  # defence in depth
+    return target
+
+
+# -------------------------------------------------------------------------- pure: headers
+
+
+def _connection_tokens(headers: Iterable[tuple[str, str]]) -> set[str]:
+    tokens: set[str] = set()
+    for name, value in headers:
+        if name.lower() == "connection":
+            tokens.update(t.strip().lower() for t in value.split(",") if t.strip())
+    return tokens
+
+
+def request_headers(
+    incoming: Iterable[tuple[str, str]],
+    injected: Mapping[str, str],
+    *,
+    identity_encoding: bool = False,
+) -> CIMultiDict[str]:
+    """Headers for the upstream request: the caller's end-to-end headers plus the configured ones.
+
+    Hop-by-hop headers (and any the caller's `Connection` names), `Host`, `Content-Length` and the
+    proxy's own `X-Interlock-*` control headers are dropped; configured headers replace the
+    caller's of the same name. `identity_encoding` asks the upstream for an uncompressed body
+    (used when the proxy must read token usage from it).
+    """
+    pairs = list(incoming)
+    drop = HOP_BY_HOP | _REQUEST_ONLY_HERE | _connection_tokens(pairs)
+    injected_names = {name.lower() for name in injected}
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in pairs:
+        lower = name.lower()
+        if lower in drop or lower in injected_names or lower.startswith(_CONTROL_PREFIX):
+            continue
+        out.add(name, value)
+    for name, value in injected.items():
+        out[name] = value
+    if identity_encoding:
+        out["Accept-Encoding"] = "identity"
+    return out
+
+
+def response_headers(incoming: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
+    """The upstream's response headers minus hop-by-hop ones (the body bytes are unchanged)."""
+    pairs = list(incoming)
+    drop = HOP_BY_HOP | _connection_tokens(pairs)
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in pairs:
+        if name.lower() not in drop:
+            out.add(name, value)
+    return out
+
+
+# ------------------------------------------------------------------------------- transport
+
+
+def _translate(exc: BaseException) -> UpstreamError:
+    """aiohttp's and the OS's transport errors as our exception tree (call with `from exc`)."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError | aiohttp.ClientConnectorError):
+        return UpstreamNotReached(f"upstream not reached: {exc}")
+    if isinstance(exc, aiohttp.ServerTimeoutError | asyncio.TimeoutError):
+        return UpstreamTimeout("upstream did not answer within the attempt timeout")
+    return UpstreamLost(f"upstream connection lost: {exc.__class__.__name__}: {exc}")
+
+
+_TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, asyncio.TimeoutError)
+
+
+async def open_upstream(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: URL,
+    headers: CIMultiDict[str],
+    body: bytes | AsyncIterator[bytes] | None,
+    timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 - aiohttp's per-request timeouts, not a wait
+) -> aiohttp.ClientResponse:
+    """Send one attempt and wait for the response head; the body is left to `iter_body`.
+
+    Redirects are never followed (the proxy contacts only the configured upstream).
+
+    Raises:
+        UpstreamNotReached: nothing was sent (connection refused, connect timeout).
+        UpstreamPressure: the upstream answered 429/503/529 (its body is read, bounded).
+        UpstreamTimeout, UpstreamLost: sent, and no response head came back.
+    """
+    try:
+        response = await session.request(
+            method, url, headers=headers, data=body, timeout=timeout, allow_redirects=False
+        )
+    except _TRANSPORT_ERRORS as exc:
+        raise _translate(exc) from exc
+    if response.status in PRESSURE_STATUSES:
+        try:
+            content = await response.content.read(_PRESSURE_BODY_CAP)
+        except _TRANSPORT_ERRORS:
+            content = b""
+        finally:
+            response.release()
+        raise UpstreamPressure(response.status, dict(response.headers), content)
+    return response
+
+
+async def iter_body(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The response body chunk by chunk, as the upstream produces it.
+
+    Raises:
+        UpstreamTimeout, UpstreamLost: the body stalled past the read timeout or was cut off.
+    """
+    try:
+        async for chunk in response.content.iter_any():
+            yield chunk
+    except _TRANSPORT_ERRORS as exc:
+        raise _translate(exc) from exc
+
+
+# ------------------------------------------------------------------------------ downstream
+
+
+def sse_error_event(body: Mapping[str, Any]) -> bytes:
+    """An SSE `error` event both the OpenAI and the Anthropic SDKs raise on."""
+    payload = {"type": "error", **body}
+    return b"event: error\ndata: " + json.dumps(payload).encode() + b"\n\n"
+
+
+class Downstream:
+    """The caller's response, started lazily: nothing is sent until there is something to say.
+
+    With `sse_while_waiting` (a streaming request), the first `comment()` opens a 200
+    `text/event-stream` response so the caller sees `: queued` instead of silence; from then on
+    every answer, including an upstream error, is an SSE `error` event.
+    """
+
+    def __init__(self, request: web.Request, *, sse_while_waiting: bool) -> None:
+        self._request = request
+        self._sse_while_waiting = sse_while_waiting
+        self.response: web.StreamResponse | None = None
+        self.sse_opened_early = False
+
+    @property
+    def committed(self) -> bool:
+        """True once the caller has received a status line (no retry or re-answer after that)."""
+        return self.response is not None
+
+    async def comment(self, text: str) -> None:
+        """Tell a waiting streaming caller what it waits for (an SSE comment line)."""
+        if not self._sse_while_waiting:
+            return
+        if self.response is None:
+            self.response = web.StreamResponse(
+                status=200,
+                headers={
+                    "Content-Type": "text/event-stream",
+                    "Cache-Control": "no-cache",
+                    "X-Accel-Buffering": "no",
+                },
+            )
+            await self.response.prepare(self._request)
+            self.sse_opened_early = True
+        await self.response.write(f": {text}\n\n".encode())
+
+    async def answer(
+        self, answer: Answer, headers: Mapping[str, str] | None = None
+    ) -> web.StreamResponse:
+        """Answer with one of the proxy's own answers (refusal, conflict, unknown outcome...)."""
+        if self.response is None:
+            extra = dict(headers or {})
+            if (retry_after := answer.retry_after_header) is not None:
+                extra["Retry-After"] = retry_after
+            return web.json_response(answer.http_body(), status=answer.http_status, headers=extra)
+        await self.response.write(sse_error_event(answer.http_body()))
+        await self.response.write_eof()
+        return self.response
+
+    async def start(self, status: int, headers: CIMultiDict[str]) -> web.StreamResponse:
+        """Send the upstream's status and headers; the body follows through `write`."""
+        assert self.response is None, "start() after the response was committed"
+        self.response = web.StreamResponse(status=status, headers=headers)
+        await self.response.prepare(self._request)
+        return self.response
+
+    async def write(self, chunk: bytes) -> None:
+        assert self.response is not None
+        await self.response.write(chunk)
+
+    async def end(self) -> web.StreamResponse:
+        assert self.response is not None
+        await self.response.write_eof()
+        return self.response
+
+    async def fail(self, answer: Answer, *, event_stream: bool) -> web.StreamResponse:
+        """End a response that already started with an error the caller cannot miss.
+
+        For an event stream an SSE `error` event is written first; then the connection is closed
+        without finishing the body, so any HTTP client sees a truncated response, never a
+        complete-looking one and never a hang.
+        """
+        assert self.response is not None
+        if event_stream or self.sse_opened_early:
+            with contextlib.suppress(ConnectionError, RuntimeError):  # the caller may be gone
+                await self.response.write(sse_error_event(answer.http_body()))
+        self.response.force_close()
+        transport = self._request.transport
+        if transport is not None:
+            transport.close()
+        return self.response
