@@ -169,6 +169,7 @@ class OtlpReceiver:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)  # plays a slow collector, not a wait for something
         if self.status != 200:
+            self._changed.set()
             return web.Response(status=self.status, headers={"Retry-After": "0"})
         self.spans.extend(_decode(body))
         self._changed.set()

@@ -1,0 +1,166 @@
+"""Spans reach a real OTLP/HTTP receiver; a down or stalled collector costs spans, never calls."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+from opentelemetry.trace import SpanKind
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from policies.model import TelemetrySettings
+from proxy import telemetry
+from proxy.otel_setup import TelemetryHandle, configure_telemetry
+from tests.integration.otlp_receiver import OtlpReceiver
+
+CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER_SPAN = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[OtlpReceiver]:
+    async with OtlpReceiver() as r:
+        yield r
+
+
+def start(endpoint: str, *, queue: int = 2048, timeout_s: float = 5.0) -> TelemetryHandle:
+    settings = TelemetrySettings(
+        service_name="interlock-test",
+        otlp_endpoint=endpoint,
+        max_queue_size=queue,
+        export_timeout_s=timeout_s,
+    )
+    return configure_telemetry(settings, enabled=True, set_global=False, schedule_delay_s=0.02)
+
+
+def dropped_metric(handle: TelemetryHandle) -> dict[str, float]:
+    text = generate_latest(handle.registry).decode()
+    return {
+        s.labels["reason"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "interlock_telemetry_spans_dropped_total"
+    }
+
+
+def closed_port() -> int:
+    """A 127.0.0.1 port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_call_and_child_spans_form_one_tree_continuing_the_caller(
+    receiver: OtlpReceiver,
+) -> None:
+    """The server span continues the caller's trace; steps are its children with their kinds."""
+    handle = start(receiver.endpoint)
+    try:
+        with telemetry.call_span(
+            "tools/call send_email",
+            attributes={"mcp.method.name": "tools/call", "interlock.tenant": None},
+            headers={"traceparent": TRACEPARENT},
+        ) as span:
+            with telemetry.child_span("interlock.queue"):
+                pass
+            with telemetry.child_span("interlock.upstream.attempt", kind=SpanKind.CLIENT):
+                upstream_headers: dict[str, str] = {}
+                telemetry.inject_headers(upstream_headers)
+            telemetry.set_attributes(span, {"interlock.attempt": 1, "interlock.cooldown_s": None})
+        spans = await receiver.wait_for_trace(CALLER_TRACE, 3)
+    finally:
+        handle.shutdown()
+    (root,) = receiver.tree(CALLER_TRACE)
+    assert root.span.name == "tools/call send_email"
+    assert root.span.kind == "SERVER"
+    assert root.span.parent_span_id == CALLER_SPAN
+    assert root.span.service == "interlock-test"
+    assert root.span.attributes == {"mcp.method.name": "tools/call", "interlock.attempt": 1}
+    assert root.child_names() == ["interlock.queue", "interlock.upstream.attempt"]
+    attempt = root.children[1].span
+    assert attempt.kind == "CLIENT"
+    # the upstream is told about the attempt span, in the caller's trace
+    assert upstream_headers["traceparent"] == f"00-{CALLER_TRACE}-{attempt.span_id}-01"
+    assert len(spans) == 3
+
+
+async def test_an_exception_marks_the_span_failed_with_its_type(receiver: OtlpReceiver) -> None:
+    """An exception leaving a span sets `error.type` to its class and an ERROR status."""
+    handle = start(receiver.endpoint)
+    try:
+        with pytest.raises(TimeoutError), telemetry.call_span("tools/call slow"):
+            raise TimeoutError
+        span = await receiver.wait_for_span(lambda s: s.name == "tools/call slow")
+    finally:
+        handle.shutdown()
+    assert span.status == "ERROR"
+    assert span.attributes["error.type"] == "TimeoutError"
+
+
+async def test_collector_down_costs_spans_not_calls() -> None:
+    """With the OTLP endpoint on a closed port, spans end normally and are counted as dropped."""
+    handle = start(f"http://127.0.0.1:{closed_port()}", timeout_s=0.5)
+    try:
+        for i in range(5):
+            with telemetry.call_span(f"tools/call t{i}"):
+                pass
+        await asyncio.to_thread(handle.force_flush, 5.0)
+        assert handle.spans_dropped == 5
+        assert dropped_metric(handle)["export_failed"] == 5
+    finally:
+        await asyncio.to_thread(handle.shutdown)
+
+
+async def test_a_stalled_collector_fills_a_bounded_queue_and_counts_drops(
+    receiver: OtlpReceiver,
+) -> None:
+    """While the collector cannot answer, at most queue + one batch is held; the rest is counted.
+
+    The receiver shares this event loop, so it cannot answer while the spans are produced.
+    Every span ends up either received or counted as dropped: none vanishes silently.
+    """
+    handle = start(receiver.endpoint, queue=4)
+    try:
+        for i in range(24):
+            with telemetry.call_span(f"tools/call t{i}"):
+                pass
+        assert handle.spans_dropped >= 24 - 8
+        await receiver.wait_for(lambda ss: len(ss) + handle.spans_dropped >= 24)
+        await asyncio.to_thread(handle.force_flush, 5.0)
+        assert len(receiver.spans) + handle.spans_dropped == 24
+        assert dropped_metric(handle)["queue_full"] == handle.spans_dropped
+    finally:
+        await asyncio.to_thread(handle.shutdown)
+
+
+async def test_a_failing_collector_counts_failed_exports(receiver: OtlpReceiver) -> None:
+    """A collector answering 400 loses the batch, and the loss is counted as export_failed."""
+    receiver.status = 400
+    handle = start(receiver.endpoint)
+    try:
+        with telemetry.call_span("tools/call t"):
+            pass
+        await receiver.wait_for(lambda _ss: receiver.requests >= 1)
+        await asyncio.to_thread(handle.force_flush, 5.0)
+        assert dropped_metric(handle)["export_failed"] == 1
+        assert receiver.spans == []
+    finally:
+        await asyncio.to_thread(handle.shutdown)
+
+
+async def test_tracing_off_records_nothing(receiver: OtlpReceiver) -> None:
+    """`enabled=False` builds no tracer provider: nothing is exported, context still passes."""
+    settings = TelemetrySettings(otlp_endpoint=receiver.endpoint)
+    handle = configure_telemetry(settings, enabled=False, set_global=False)
+    try:
+        assert not handle.tracing
+        with telemetry.call_span("tools/call t", headers={"traceparent": TRACEPARENT}):
+            assert telemetry.current_trace_id() == CALLER_TRACE
+        assert handle.force_flush()
+    finally:
+        handle.shutdown()
+    assert receiver.requests == 0
