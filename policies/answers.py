@@ -20,6 +20,7 @@ __all__ = [
     "CODE_OUTCOME_UNKNOWN",
     "CODE_PARSE_ERROR",
     "CODE_REFUSED",
+    "CODE_UPSTREAM_FAILED",
     "Answer",
     "bad_request",
     "in_progress",
@@ -28,6 +29,7 @@ __all__ = [
     "needs_reconciliation",
     "outcome_unknown",
     "refused",
+    "upstream_failed",
 ]
 
 CODE_REFUSED = -32050
@@ -35,6 +37,7 @@ CODE_IN_PROGRESS = -32051
 CODE_NEEDS_RECONCILIATION = -32052
 CODE_OUTCOME_UNKNOWN = -32053
 CODE_LEDGER_UNAVAILABLE = -32054
+CODE_UPSTREAM_FAILED = -32055
 CODE_INVALID_PARAMS = -32602
 CODE_INVALID_REQUEST = -32600
 CODE_PARSE_ERROR = -32700
@@ -45,6 +48,7 @@ _ERROR_TYPES = {
     CODE_NEEDS_RECONCILIATION: "conflict_error",
     CODE_OUTCOME_UNKNOWN: "outcome_unknown_error",
     CODE_LEDGER_UNAVAILABLE: "service_unavailable_error",
+    CODE_UPSTREAM_FAILED: "upstream_error",
     CODE_INVALID_PARAMS: "invalid_request_error",
     CODE_INVALID_REQUEST: "invalid_request_error",
     CODE_PARSE_ERROR: "invalid_request_error",
@@ -205,3 +209,13 @@ def key_mismatch(idempotency_key: str | None, entry_id: str | None = None) -> An
 def bad_request(code: int, reason: str, message: str, *, http_status: int = 400) -> Answer:
     """Malformed input: parse error, invalid request, oversized body, unknown upstream."""
     return Answer(code=code, http_status=http_status, message=message, data={"reason": reason})
+
+
+def upstream_failed(reason: str, detail: str, *, retry_after_s: float | None = None) -> Answer:
+    """A read-only (safe to repeat) call whose upstream failed after the retries policy allowed."""
+    return Answer(
+        code=CODE_UPSTREAM_FAILED,
+        http_status=502,
+        message=f"The upstream failed ({detail}); the call is safe to repeat.",
+        data=_data(reason=reason, detail=detail, retry_after_s=retry_after_s),
+    )

@@ -7,12 +7,14 @@ import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 
 from ledger import LedgerError, LedgerStore
+from policies.budget import RetryBudgets
 from policies.model import Config
 from proxy import admin, health
 from proxy.http_routes import setup_http
@@ -24,6 +26,7 @@ from proxy.state import (
     CONFIG,
     LEDGER,
     REPLICA_ID,
+    RETRY_BUDGETS,
     RUNTIME,
     SCHEDULER,
     LedgerHandle,
@@ -51,6 +54,7 @@ def create_app(config: Config, *, replica_id: str | None = None) -> web.Applicat
     app[SCHEDULER] = Scheduler(config)
     app[LEDGER] = LedgerHandle()
     app[ANNOTATIONS] = {}
+    app[RETRY_BUDGETS] = RetryBudgets(config.upstreams, clock=time.monotonic)
     app.cleanup_ctx.append(_ledger_ctx)
     health.setup(app)
     admin.setup(app)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from policies.budget import RetryBudgets
 from policies.model import Config
 
 if TYPE_CHECKING:
@@ -19,6 +20,7 @@ __all__ = [
     "CONFIG",
     "LEDGER",
     "REPLICA_ID",
+    "RETRY_BUDGETS",
     "RUNTIME",
     "SCHEDULER",
     "LedgerHandle",
@@ -47,5 +49,6 @@ SCHEDULER: web.AppKey[Scheduler] = web.AppKey("scheduler")
 LEDGER = web.AppKey("ledger", LedgerHandle)
 REPLICA_ID = web.AppKey("replica_id", str)
 RUNTIME = web.AppKey("runtime", Runtime)
+RETRY_BUDGETS = web.AppKey("retry_budgets", RetryBudgets)
 # upstream name -> tool name -> annotations dict, learned from tools/list answers
 ANNOTATIONS = web.AppKey("annotations", dict[str, dict[str, dict[str, Any]]])

@@ -1,0 +1,132 @@
+"""Forward one admitted `tools/call` upstream: attempts, timeouts, cooldowns and safe retries.
+
+Each attempt is a CLIENT span. An upstream 429/503/529 starts a cooldown shared by every caller of
+that upstream; the next attempt re-acquires an admission slot (which waits out the cooldown within
+the deadline, or refuses). Retries follow `policies.retry`: a side-effecting call is retried only
+when it certainly did not execute.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from aiohttp import web
+from opentelemetry.trace import Span, SpanKind
+from policies.admission import AdmissionRequest
+
+from policies.model import UpstreamSpec
+from policies.retry import AttemptFailure, retrying, server_delay_s
+from proxy import metrics, telemetry
+from proxy.errors import (
+    UpstreamError,
+    UpstreamLost,
+    UpstreamNotReached,
+    UpstreamPressure,
+    UpstreamRefused,
+    UpstreamTimeout,
+)
+from proxy.scheduler import Slot
+from proxy.state import RETRY_BUDGETS, SCHEDULER
+
+__all__ = ["ForwardPlan", "describe_failure", "forward_with_retries"]
+
+JsonObject = dict[str, Any]
+_DEFAULT_COOLDOWN_S = 1.0
+
+
+@dataclass
+class ForwardPlan:
+    """Everything one forward needs; `slot` is replaced when a retry re-acquires admission."""
+
+    app: web.Application
+    upstream: UpstreamSpec
+    request: JsonObject
+    send_upstream: Callable[[JsonObject, float], Awaitable[JsonObject]]
+    slot: Slot
+    admission: AdmissionRequest
+    side_effect: bool
+    timeout_s: float
+    deadline: float
+    on_wait: Callable[[str], Awaitable[None]] | None
+    span: Span
+    attempts: int = 0
+
+
+def describe_failure(error: BaseException) -> AttemptFailure | None:
+    """Our upstream errors in the retry policy's words (None: not a retryable kind of failure)."""
+    if isinstance(error, UpstreamNotReached):
+        return AttemptFailure("not_sent")
+    if isinstance(error, UpstreamPressure | UpstreamRefused):
+        return AttemptFailure("answered", error.status, error.headers)
+    if isinstance(error, UpstreamTimeout):
+        return AttemptFailure("timeout")
+    if isinstance(error, UpstreamLost):
+        return AttemptFailure("lost")
+    return None
+
+
+def _cooldown(plan: ForwardPlan, error: UpstreamPressure) -> None:
+    delay = server_delay_s(error.headers, now=time.time())
+    delay = _DEFAULT_COOLDOWN_S if delay is None else delay
+    if delay > 0:
+        plan.app[SCHEDULER].start_cooldown(plan.upstream.name, delay)
+        metrics.cooldown_started(plan.upstream.name)
+        plan.span.set_attribute("interlock.cooldown_s", delay)
+
+
+async def _attempt(plan: ForwardPlan) -> JsonObject:
+    plan.attempts += 1
+    if plan.attempts > 1:
+        metrics.retry(plan.upstream.name)
+        # Every attempt holds an admission slot of its own (and waits out a cooldown).
+        plan.slot.release()
+        plan.slot = await plan.app[SCHEDULER].admit(
+            replace(plan.admission, arrived_at=time.monotonic()), on_wait=plan.on_wait
+        )
+    remaining = plan.deadline - time.monotonic()
+    if remaining <= 0:
+        raise UpstreamNotReached("the call's deadline passed before the attempt")
+    timeout = min(plan.timeout_s, remaining)
+    attributes = {
+        "interlock.attempt": plan.attempts,
+        "interlock.upstream": plan.upstream.name,
+        "server.address": plan.upstream.url,
+    }
+    with telemetry.child_span(
+        "interlock.upstream.attempt", attributes=attributes, kind=SpanKind.CLIENT
+    ) as span:
+        telemetry.inject_meta(plan.request["params"]["_meta"])
+        try:
+            return await plan.send_upstream(plan.request, timeout)
+        except UpstreamError as exc:
+            span.set_attribute("error.type", type(exc).__name__)
+            if isinstance(exc, UpstreamPressure):
+                _cooldown(plan, exc)
+            raise
+
+
+async def forward_with_retries(plan: ForwardPlan) -> JsonObject:
+    """Send `plan.request`, retrying as policy allows; returns the upstream's final response.
+
+    Raises:
+        UpstreamError: the last attempt's failure when no (further) retry is allowed.
+        AdmissionRefused: a retry could not get an admission slot again (e.g. cooldown too long).
+    """
+    loop = retrying(
+        plan.upstream.retry,
+        side_effect=plan.side_effect,
+        deadline=plan.deadline,
+        clock=time.monotonic,
+        describe=describe_failure,
+        budget=plan.app[RETRY_BUDGETS].for_upstream(plan.upstream.name),
+    )
+    try:
+        async for attempt in loop:
+            with attempt:
+                response = await _attempt(plan)
+    finally:
+        plan.span.set_attribute("interlock.attempt", plan.attempts)
+    return response

@@ -1,0 +1,188 @@
+"""The side-effecting half of the `tools/call` pipeline: claim (write-ahead) → forward → record.
+
+Invariants kept here:
+- the `running` entry is committed before a byte goes upstream; no ledger, no call (fail closed);
+- a call that may have executed and whose answer never came (timeout, lost connection, client gone,
+  proxy shutting down) becomes `unknown`, is answered as such, and is never re-sent by us;
+- a call that certainly did not execute (connect refused, 429/503/529 before processing, admission
+  refused on a retry) is released back to `rejected`, so the same key may be sent again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from ledger import ClaimResult, LedgerError, LedgerStore, LedgerUnavailable, StaleToken
+from policies import answers
+from proxy import telemetry
+from proxy.errors import (
+    UpstreamError,
+    UpstreamLost,
+    UpstreamNotReached,
+    UpstreamPressure,
+    UpstreamRefused,
+    UpstreamTimeout,
+)
+from proxy.leases import keep_lease
+from proxy.mcp_context import JsonObject, ToolCall
+from proxy.mcp_forwarding import ForwardPlan, forward_with_retries
+from proxy.mcp_outcomes import decode_replay, encode_outcome, outcome_state
+from proxy.scheduler import AdmissionRefused
+from proxy.state import CONFIG, LEDGER, SCHEDULER
+
+__all__ = ["run_side_effect"]
+
+
+async def run_side_effect(call: ToolCall, plan: ForwardPlan) -> JsonObject:
+    """Claim the key, forward while holding the lease, record the outcome, answer."""
+    store = call.ctx.app[LEDGER].store
+    if store is None:
+        return _fail_closed(call, call.ctx.app[LEDGER].error or "ledger not open")
+    try:
+        claim = await _claim(call, store)
+    except LedgerUnavailable as exc:
+        return _fail_closed(call, str(exc))
+    early = _answer_claim(call, claim)
+    if early is not None:
+        return early
+    entry_id, token = claim.entry.id, claim.entry.fencing_token
+    lease_s = call.ctx.app[CONFIG].ledger.lease_s
+    try:
+        async with keep_lease(store, entry_id, token, lease_s):
+            response = await _forward_until_client_leaves(call, plan)
+    except AdmissionRefused as refused:
+        r = refused.refusal
+        await _release(call, store, entry_id, token, f"retry refused: {r.reason}", r.retry_after_s)
+        raise
+    except (UpstreamNotReached, UpstreamPressure) as exc:
+        retry_after = _retry_after(call, exc)
+        await _release(call, store, entry_id, token, f"not executed: {exc}", retry_after)
+        raise
+    except UpstreamRefused as exc:
+        if exc.status >= 500:  # a server error may have happened after the tool acted
+            await _mark_unknown(call, store, entry_id, token, f"upstream HTTP {exc.status}")
+            return call.answer(answers.outcome_unknown(call.key.key, entry_id, str(exc)))
+        await _release(call, store, entry_id, token, f"not executed: {exc}", None)
+        raise
+    except UpstreamLost as exc:
+        detail = "timed out" if isinstance(exc, UpstreamTimeout) else "connection lost"
+        await _mark_unknown(call, store, entry_id, token, f"{detail}: {exc}")
+        return call.answer(answers.outcome_unknown(call.key.key, entry_id, detail))
+    except BaseException:
+        # Cancellation (client gone, shutdown) or a bug after write-ahead: the call may have been
+        # sent, so the entry must say `unknown`, never stay `running` or become anything else.
+        await _mark_unknown(call, store, entry_id, token, "interrupted after write-ahead")
+        raise
+    return await _record(call, store, entry_id, token, response)
+
+
+def _retry_after(call: ToolCall, exc: UpstreamError) -> float | None:
+    del exc
+    remaining = call.ctx.app[SCHEDULER].cooldown_remaining(call.ctx.upstream.name)
+    return remaining if remaining > 0 else None
+
+
+async def _claim(call: ToolCall, store: LedgerStore) -> ClaimResult:
+    with telemetry.child_span("interlock.ledger.claim") as span:
+        result = await store.claim(call.claim_request())
+        span.set_attribute("interlock.idempotency.outcome", result.kind)
+    outcome = "replayed" if result.kind == "replay" else result.kind
+    call.span.set_attribute("interlock.idempotency.outcome", outcome)
+    call.span.set_attribute("interlock.ledger.entry_id", result.entry.id)
+    call.span.set_attribute("interlock.ledger.state", str(result.entry.state))
+    call.span.set_attribute("interlock.attempt", result.entry.attempt)
+    return result
+
+
+def _answer_claim(call: ToolCall, result: ClaimResult) -> JsonObject | None:
+    """The answer for a claim that must not be forwarded, or None for a new running entry."""
+    entry = result.entry
+    state = str(entry.state)
+    if result.kind == "replay":
+        return decode_replay(entry, call.request_id, modern=call.ctx.modern)
+    if result.kind == "in_progress":
+        return call.answer(answers.in_progress(call.key.key, entry.id, state))
+    if result.kind == "mismatch":
+        return call.answer(answers.key_mismatch(call.key.key, entry.id))
+    if result.kind == "needs_reconciliation":
+        return call.answer(answers.needs_reconciliation(call.key.key, entry.id, state))
+    return None
+
+
+async def _forward_until_client_leaves(call: ToolCall, plan: ForwardPlan) -> JsonObject:
+    """Forward, but stop waiting when the client goes away (its call becomes `unknown`)."""
+    forward = asyncio.ensure_future(forward_with_retries(plan))
+    gone = asyncio.ensure_future(call.ctx.client_gone.wait())
+    try:
+        await asyncio.wait({forward, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        forward.cancel()
+        await asyncio.gather(forward, return_exceptions=True)
+        raise
+    finally:
+        gone.cancel()
+    if forward.done():
+        return forward.result()
+    forward.cancel()
+    await asyncio.gather(forward, return_exceptions=True)
+    raise UpstreamLost("the client disconnected while the call was in flight")
+
+
+async def _mark_unknown(
+    call: ToolCall, store: LedgerStore, entry_id: str, token: int, reason: str
+) -> None:
+    call.span.set_attribute("interlock.ledger.state", "unknown")
+    try:
+        with telemetry.child_span("interlock.ledger.finish", attributes={"to": "unknown"}):
+            await asyncio.shield(store.mark_unknown(entry_id, token, reason=reason))
+    except LedgerError as exc:
+        # The lease will run out and the sweeper marks the entry unknown: the record stays honest.
+        call.span.set_attribute("interlock.ledger.error", str(exc))
+
+
+async def _release(
+    call: ToolCall,
+    store: LedgerStore,
+    entry_id: str,
+    token: int,
+    reason: str,
+    retry_after_s: float | None,
+) -> None:
+    call.span.set_attribute("interlock.ledger.state", "rejected")
+    try:
+        with telemetry.child_span("interlock.ledger.finish", attributes={"to": "rejected"}):
+            await asyncio.shield(
+                store.release_unsent(entry_id, token, reason=reason, retry_after_s=retry_after_s)
+            )
+    except LedgerError as exc:
+        call.span.set_attribute("interlock.ledger.error", str(exc))
+
+
+async def _record(
+    call: ToolCall, store: LedgerStore, entry_id: str, token: int, response: JsonObject
+) -> JsonObject:
+    state = outcome_state(response)
+    error = response.get("error")
+    try:
+        with telemetry.child_span("interlock.ledger.finish", attributes={"to": state}):
+            await store.finish(
+                entry_id,
+                token,
+                state="failed" if state == "failed" else "succeeded",
+                outcome=encode_outcome(response),
+                error=json.dumps(error)[:2000] if error is not None else None,
+            )
+        call.span.set_attribute("interlock.ledger.state", state)
+    except StaleToken as exc:
+        # Our lease ran out and the entry was marked unknown meanwhile; the upstream's answer is
+        # the truth for this caller, and the ledger kept it as evidence for reconciliation.
+        call.span.set_attribute("interlock.ledger.state", exc.state)
+    except LedgerError as exc:
+        call.span.set_attribute("interlock.ledger.error", str(exc))
+    return response
+
+
+def _fail_closed(call: ToolCall, detail: str) -> JsonObject:
+    call.span.set_attribute("interlock.ledger.state", "unavailable")
+    return call.answer(answers.ledger_unavailable(detail, call.key.key))
