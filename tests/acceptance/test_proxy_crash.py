@@ -1,0 +1,143 @@
+"""The proxy killed with SIGKILL mid-call: the record survives and nothing is re-sent blindly."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from tests.integration.mcp_servers import REPO_ROOT, running_upstream
+
+KEY = "interlock/idempotency-key"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_listening(process: subprocess.Popen[str], timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    assert process.stdout is not None
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if "listening on" in line:
+            return
+        if not line and process.poll() is not None:
+            raise AssertionError(f"proxy exited with {process.returncode}")
+    raise AssertionError("proxy did not start listening in time")
+
+
+@contextlib.contextmanager
+def proxy_process(config: Path) -> Iterator[subprocess.Popen[str]]:
+    env = {**os.environ, "INTERLOCK_LOG_LEVEL": "WARNING"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        _wait_listening(process)
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def interlock(config: Path, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", *args, "--config", str(config)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def unknown_entries(config: Path) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = json.loads(
+        interlock(config, "ledger", "list", "--state", "unknown", "--json")
+    )
+    return entries
+
+
+@pytest.mark.slow
+async def test_sigkill_mid_call_leaves_unknown_and_refuses_until_resolved(tmp_path: Path):
+    """SIGKILL during a side-effecting call → unknown after the lease; resend refused; retry = 2."""
+    port = _free_port()
+    with running_upstream() as upstream:
+        config = tmp_path / "interlock.yaml"
+        config.write_text(
+            f"""
+listen: "127.0.0.1:{port}"
+ledger: {{url: "sqlite:///ledger.db", lease_s: 1, sweep_interval_s: 0.2}}
+upstreams:
+  up: {{mcp: "{upstream.url}"}}
+"""
+        )
+        url = f"http://127.0.0.1:{port}/mcp/up"
+        args = {"seconds": 1.0, "tag": "crash"}
+        with proxy_process(config) as first:
+
+            async def in_flight() -> None:
+                async with Client(url, mode="legacy") as client:
+                    await client.call_tool("hold", args, meta={KEY: "crash-key"})
+
+            task = asyncio.create_task(in_flight())
+            deadline = time.monotonic() + 10
+            while "crash" not in upstream.stats()["started"]:
+                assert time.monotonic() < deadline, "the call never reached the upstream"
+                await asyncio.sleep(0.02)
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=10)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 15)
+
+        with proxy_process(config) as second:
+            deadline = time.monotonic() + 15
+            while not (entries := unknown_entries(config)):
+                assert time.monotonic() < deadline, "the expired lease never became unknown"
+                await asyncio.sleep(0.2)
+            entry_id = entries[0]["id"]
+            assert entries[0]["attempt"] == 1
+
+            async with Client(url, mode="legacy") as client:
+                with pytest.raises(MCPError) as refused:
+                    await client.call_tool("hold", args, meta={KEY: "crash-key"})
+            assert refused.value.error.code == -32052
+            assert upstream.stats()["started"].count("crash") == 1
+
+            interlock(config, "ledger", "resolve", entry_id, "--as", "retry", "--note", "PSP: none")
+            async with Client(url, mode="legacy") as client:
+                result = await client.call_tool("hold", args, meta={KEY: "crash-key"})
+            assert not result.is_error
+            assert upstream.stats()["started"].count("crash") == 2
+            shown = json.loads(interlock(config, "ledger", "show", entry_id, "--json"))
+            assert shown["attempt"] == 2
+            assert shown["state"] == "succeeded"
+
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(timeout=20) == 0

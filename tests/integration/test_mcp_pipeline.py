@@ -1,0 +1,290 @@
+"""The tools/call pipeline end to end: real SDK Client → proxy (in-process) → real MCPServer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from proxy.state import LEDGER
+from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration.proxy_harness import running_proxy
+
+KEY = "interlock/idempotency-key"
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[RunningUpstream]:
+    with running_upstream() as running:
+        yield running
+
+
+@pytest.fixture
+def fresh(upstream: RunningUpstream) -> RunningUpstream:
+    upstream.reset()
+    return upstream
+
+
+def config(upstream: RunningUpstream, extra: str = "", limits: str = "") -> str:
+    return f"""
+        ledger: {{url: "sqlite:///ledger.db", lease_s: 5}}
+        defaults: {{timeout_s: 5, deadline_s: 10}}
+        upstreams:
+          up:
+            mcp: "{upstream.url}"
+            {limits}
+        {extra}
+        """
+
+
+async def call(
+    url: str, tool: str, args: dict[str, Any], *, key: str | None = None, cls: str | None = None
+) -> Any:
+    meta = {KEY: key} if key else {}
+    if cls:
+        meta["interlock/class"] = cls
+    async with Client(url, mode="legacy") as client:
+        return await client.call_tool(tool, args, meta=meta)
+
+
+def error_of(exc: MCPError) -> tuple[int, dict[str, Any]]:
+    data = exc.error.data if isinstance(exc.error.data, dict) else {}
+    return exc.error.code, data
+
+
+async def test_duplicate_delivery_serially_executes_once(fresh: RunningUpstream, tmp_path: Path):
+    """The same key sent twice executes once; the second answer is a replay marked in _meta."""
+    async with running_proxy(config(fresh), tmp_path) as proxy:
+        url = proxy.mcp_url("up")
+        args = {"to": "a@example.com", "subject": "hi", "body": "x"}
+        async with Client(url, mode="legacy") as client:
+            first = await client.call_tool("send_email", args, meta={KEY: "k-serial"})
+            second = await client.call_tool("send_email", args, meta={KEY: "k-serial"})
+    assert fresh.stats()["emails_by_key"] == {"k-serial": 1}
+    assert first.content == second.content
+    assert (second.meta or {}).get("interlock/replayed") is True
+    assert not (first.meta or {}).get("interlock/replayed")
+
+
+async def test_duplicate_delivery_concurrently_executes_once(
+    fresh: RunningUpstream, tmp_path: Path
+):
+    """Ten concurrent deliveries of one key: one execution, the rest in-progress or replays."""
+    async with running_proxy(config(fresh), tmp_path) as proxy:
+        url = proxy.mcp_url("up")
+        args = {"to": "b@example.com", "subject": "once"}
+
+        async def deliver() -> str:
+            try:
+                result = await call(url, "send_email", args, key="k-conc")
+            except MCPError as exc:
+                code, data = error_of(exc)
+                assert code == -32051, (code, data)
+                assert data["reason"] == "in_progress"
+                return "in_progress"
+            return "replay" if (result.meta or {}).get("interlock/replayed") else "executed"
+
+        outcomes = await asyncio.gather(*(deliver() for _ in range(10)))
+    assert outcomes.count("executed") == 1, outcomes
+    assert fresh.stats()["emails_by_key"] == {"k-conc": 1}
+
+
+async def test_same_key_other_arguments_is_refused(fresh: RunningUpstream, tmp_path: Path):
+    """A key reused with different arguments answers -32602 idempotency_key_mismatch, unsent."""
+    async with running_proxy(config(fresh), tmp_path) as proxy:
+        url = proxy.mcp_url("up")
+        await call(url, "send_email", {"to": "c@x", "subject": "1"}, key="k")
+        with pytest.raises(MCPError) as caught:
+            await call(url, "send_email", {"to": "c@x", "subject": "2"}, key="k")
+    code, data = error_of(caught.value)
+    assert code == -32602
+    assert data["reason"] == "idempotency_key_mismatch"
+    assert fresh.stats()["emails_total"] == 1
+
+
+async def test_overflow_is_refused_and_upstream_never_exceeds_its_limit(
+    fresh: RunningUpstream, tmp_path: Path
+):
+    """50 concurrent calls against max_running 4 / max_pending 8: ≤ 4 at once, overflow refused."""
+    limits = "limits: {max_running: 4, max_pending: 8, max_wait_s: 5}"
+    async with running_proxy(config(fresh, limits=limits), tmp_path) as proxy:
+        url = proxy.mcp_url("up")
+
+        async def one(i: int) -> Any:
+            try:
+                await call(url, "hold", {"seconds": 0.3, "tag": f"t{i}"}, cls="background")
+            except MCPError as exc:
+                return error_of(exc)
+            return "ok"
+
+        outcomes = await asyncio.gather(*(one(i) for i in range(50)))
+    refusals = [o for o in outcomes if o != "ok"]
+    assert fresh.stats()["max_running"] <= 4
+    assert refusals, "the overflow must be refused"
+    assert len(outcomes) - len(refusals) >= 4
+    for code, data in refusals:
+        assert code == -32050
+        assert data["reason"] in {"overloaded", "deadline"}
+        assert data["retry_after_s"] > 0
+
+
+async def test_upstream_429_starts_a_shared_cooldown(fresh: RunningUpstream, tmp_path: Path):
+    """After HTTP 429 with Retry-After: 2 the upstream receives no call until the cooldown ends."""
+    async with running_proxy(config(fresh), tmp_path) as proxy:
+        url = proxy.mcp_url("up")
+        async with Client(url, mode="legacy") as client:
+            await client.list_tools()
+            fresh.control(reject_next=1, status=429, retry_after="2", methods=["tools/call"])
+            before = fresh.stats()["calls"].get("search_docs", 0)
+            with pytest.raises(MCPError) as first:
+                await client.call_tool("search_docs", {"query": "a"})
+            refused_at = time.monotonic()
+            with pytest.raises(MCPError) as second:
+                await client.call_tool("search_docs", {"query": "b"})
+            assert time.monotonic() - refused_at < 2
+            assert fresh.stats()["calls"].get("search_docs", 0) == before
+            code, data = error_of(first.value)
+            assert code == -32050
+            assert data["reason"] in {"upstream", "cooldown"}
+            code, data = error_of(second.value)
+            assert code == -32050
+            assert data["reason"] == "cooldown"
+            assert 0 < data["retry_after_s"] <= 2
+            remaining = proxy.scheduler.cooldown_remaining("up")
+            await asyncio.sleep(remaining + 0.05)  # the cooldown itself is the thing under test
+            result = await client.call_tool("search_docs", {"query": "c"})
+    assert not result.is_error
+    assert fresh.stats()["calls"]["search_docs"] == before + 1
+
+
+async def test_timeout_becomes_unknown_and_blocks_the_key_until_resolved(
+    fresh: RunningUpstream, tmp_path: Path
+):
+    """A timeout after sending → -32053 unknown; the key is refused until resolve --as retry."""
+    extra = """
+        tools:
+          - match: "up/hold"
+            side_effect: true
+            timeout_s: 0.3
+        """
+    async with running_proxy(config(fresh, extra=extra), tmp_path) as proxy:
+        url = proxy.mcp_url("up")
+        args = {"seconds": 1.0, "tag": "slow"}
+        with pytest.raises(MCPError) as caught:
+            await call(url, "hold", args, key="pay-1")
+        code, data = error_of(caught.value)
+        assert code == -32053
+        assert data["state"] == "unknown"
+        entry_id = data["entry_id"]
+        with pytest.raises(MCPError) as again:
+            await call(url, "hold", args, key="pay-1")
+        code, data = error_of(again.value)
+        assert code == -32052
+        assert data["state"] == "unknown"
+        assert data["entry_id"] == entry_id
+        await proxy.store.resolve(entry_id, as_="retry", note="checked", actor="test")
+        fast = {"seconds": 0.01, "tag": "slow"}
+        with pytest.raises(MCPError) as mismatch:
+            await call(url, "hold", fast, key="pay-1")
+        assert error_of(mismatch.value)[0] == -32602
+        async with Client(url, mode="legacy") as client:
+            # The retry is sent again; the 0.3 s attempt timeout still applies, so it ends unknown.
+            with pytest.raises(MCPError) as retried:
+                await client.call_tool("hold", args, meta={KEY: "pay-1"})
+        assert error_of(retried.value)[0] == -32053
+        entry, history = await proxy.store.get(entry_id)
+    assert entry.attempt == 2
+    assert fresh.stats()["started"].count("slow") == 2
+    assert [str(h.to_state) for h in history].count("running") == 2
+
+
+async def test_ledger_down_fails_closed_for_side_effects_only(
+    fresh: RunningUpstream, tmp_path: Path
+):
+    """With no ledger, side-effecting calls get -32054 and are not sent; read-only calls pass."""
+    async with running_proxy(config(fresh), tmp_path) as proxy:
+        store = proxy.app[LEDGER].store
+        proxy.app[LEDGER].store = None
+        proxy.app[LEDGER].error = "disk full (test)"
+        try:
+            url = proxy.mcp_url("up")
+            with pytest.raises(MCPError) as caught:
+                await call(url, "send_email", {"to": "d@x", "subject": "s"})
+            read = await call(url, "search_docs", {"query": "q"})
+        finally:
+            proxy.app[LEDGER].store = store
+    code, data = error_of(caught.value)
+    assert code == -32054
+    assert data["reason"] == "ledger_unavailable"
+    assert fresh.stats()["emails_total"] == 0
+    assert not read.is_error
+
+
+async def test_reject_as_tool_error_answers_an_is_error_result(
+    fresh: RunningUpstream, tmp_path: Path
+):
+    """With reject_as: tool_error, a refusal is an isError result carrying the data object."""
+    extra = """
+        tools:
+          - match: "up/send_email"
+            side_effect: true
+            reject_as: tool_error
+        """
+    async with running_proxy(config(fresh, extra=extra), tmp_path) as proxy:
+        url = proxy.mcp_url("up")
+        await call(url, "send_email", {"to": "e@x", "subject": "1"}, key="z")
+        result = await call(url, "send_email", {"to": "e@x", "subject": "2"}, key="z")
+    assert result.is_error is True
+    assert result.structured_content is not None
+    assert result.structured_content["reason"] == "idempotency_key_mismatch"
+    assert "other arguments" in result.content[0].text
+
+
+async def test_queued_call_reports_progress_states(fresh: RunningUpstream, tmp_path: Path):
+    """A background call that waits tells its progress callback `queued`, then `running`."""
+    limits = "limits: {max_running: 1, max_pending: 4, max_wait_s: 5}"
+    async with running_proxy(config(fresh, limits=limits), tmp_path) as proxy:
+        url = proxy.mcp_url("up")
+        messages: list[str] = []
+
+        async def progress(value: float, total: float | None, message: str | None) -> None:
+            messages.append(message or "")
+
+        async with Client(url, mode="legacy") as busy, Client(url, mode="legacy") as waiter:
+            holder = asyncio.create_task(busy.call_tool("hold", {"seconds": 0.5, "tag": "h"}))
+            deadline = time.monotonic() + 5
+            while proxy.scheduler.snapshot() and time.monotonic() < deadline:
+                if "h" in fresh.stats()["started"]:
+                    break
+                await asyncio.sleep(0.02)
+            result = await waiter.call_tool(
+                "search_docs",
+                {"query": "q"},
+                progress_callback=progress,
+                meta={"interlock/class": "background"},
+            )
+            await holder
+    assert not result.is_error
+    assert messages[:2] == ["queued", "running"], messages
+
+
+async def test_observe_mode_refuses_nothing_but_records_would_reject(
+    fresh: RunningUpstream, tmp_path: Path
+):
+    """In observe mode calls over the limit still run (the decision is only traced and counted)."""
+    limits = "limits: {max_running: 1, max_pending: 0}"
+    async with running_proxy(
+        config(fresh, extra="mode: observe", limits=limits), tmp_path
+    ) as proxy:
+        url = proxy.mcp_url("up")
+        results = await asyncio.gather(
+            *(call(url, "hold", {"seconds": 0.2, "tag": f"o{i}"}) for i in range(4))
+        )
+    assert all(not r.is_error for r in results)
+    assert fresh.stats()["max_running"] >= 2
