@@ -10,6 +10,7 @@ import dataclasses
 import hmac
 import ipaddress
 import os
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -44,7 +45,9 @@ def _error(status: int, reason: str, message: str) -> web.Response:
 
 
 @web.middleware
-async def _guard(request: web.Request, handler: Any) -> web.StreamResponse:
+async def _guard(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     if not request.path.startswith("/admin"):
         return await handler(request)
     denied = _check_access(request)

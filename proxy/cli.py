@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_check_config(args)
         if args.command == "demo":
             return _cmd_demo(args)
-        return run_ledger_command(args, ledger_settings(args))
+        status: int = run_ledger_command(args, ledger_settings(args))
+        return status
     except ConfigError as exc:
         print(f"interlock: invalid configuration: {exc}", file=sys.stderr)
         return 2

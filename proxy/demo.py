@@ -21,12 +21,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rich.console import Console
 from rich.table import Table
 
 __all__ = ["run_demo"]
+
+if TYPE_CHECKING:
+    from mcp.types import RequestParamsMeta
 
 _EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 console = Console()
@@ -102,6 +105,13 @@ def _cli(workdir: Path, *args: str) -> str:
     return done.stdout
 
 
+def _meta(**values: str) -> RequestParamsMeta:
+    """`_meta` for a tools/call: our attributes use the `interlock/` prefix."""
+    return cast(
+        "RequestParamsMeta", {f"interlock/{k.replace('_', '-')}": v for k, v in values.items()}
+    )
+
+
 def _error_data(exc: BaseException) -> dict[str, Any]:
     error = getattr(exc, "error", None)
     data = getattr(error, "data", None)
@@ -120,7 +130,7 @@ async def _burst(url: str, rows: list[_Row]) -> None:
                 await client.call_tool(
                     "charge_card",
                     {"card": f"4242-{i:04d}", "amount_cents": 100 + i, "seconds": 0.5},
-                    meta={"interlock/class": "interactive"},
+                    meta=_meta(**{"class": "interactive"}),
                 )
                 return "ran"
             except MCPError as exc:
@@ -164,7 +174,7 @@ async def _background(url: str, rows: list[_Row]) -> None:
             "charge_card",
             {"card": "6011-0001", "amount_cents": 999, "seconds": 0.1},
             progress_callback=progress,
-            meta={"interlock/class": "background"},
+            meta=_meta(**{"class": "background"}),
         )
         await asyncio.gather(*hold)
     text = result.content[0].text if result.content else ""  # type: ignore[union-attr]
@@ -202,7 +212,7 @@ async def _unknown(url: str, workdir: Path, rows: list[_Row]) -> None:
 
     console.rule("4. A payment times out after it was sent: its outcome is unknown")
     args = {"card": "3782-0001", "amount_cents": 5000, "seconds": 4}
-    meta = {"interlock/idempotency-key": "order-1234-payment"}
+    meta = _meta(idempotency_key="order-1234-payment")
     async with Client(url, mode="legacy") as client:
         try:
             await client.call_tool("charge_card", args, meta=meta)
