@@ -1,4 +1,4 @@
-"""docker-compose.yml: Interlock, PostgreSQL as its ledger, Jaeger receiving OTLP; a valid config."""
+"""docker-compose.yml: Interlock, PostgreSQL as ledger, Jaeger receiving OTLP; a valid config."""
 
 from __future__ import annotations
 
