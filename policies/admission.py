@@ -1,0 +1,324 @@
+"""Admission: may this new call enter now, wait, or be refused — as pure decisions.
+
+A call touches several *scopes*, each with its limits: `global`, `tenant:<t>`, `run:<r>` (with a
+run id), `upstream:<u>`, `cost_class:<c>` (when set and configured) and `class:<band>` (counted,
+never limited). It may start only when every scope has room. Work classes are priority bands:
+in a scope limited to N running calls, `critical` keeps a reserve of ceil(share × N) slots (at
+least 1 when N ≥ 2, never all N) that no other band may take; other bands share the rest,
+work-conserving. Which waiting call starts next is `policies.admission_fairness`.
+
+A band's patience is min(band max_wait_s, max_wait_s of every scope the call touches that sets
+one). With patience 0 (interactive, by default) a call that does not fit is refused at once.
+
+`retry_after_s` is never a guess from nowhere: for a full scope it is (calls queued there + 1) ×
+recent mean service time / max_running; for a cooldown it is the remaining cooldown. It is
+clamped to [`RETRY_AFTER_FLOOR_S`, `config.retry_after_cap_s`] (the floor is 1 s because HTTP
+`Retry-After` counts whole seconds, and an answer of "0" invites a hot retry loop); a remaining
+cooldown is reported exactly (it is known), bounded by the cap, and never zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Set
+from dataclasses import dataclass, field
+from typing import Literal
+
+from policies.model import ClassBand, Config, Limits, WorkClass
+
+__all__ = [
+    "AGEING_FRACTION",
+    "DEFAULT_BANDS",
+    "DEFAULT_SERVICE_TIME_S",
+    "PAUSED_RETRY_AFTER_S",
+    "RETRY_AFTER_FLOOR_S",
+    "AdmissionRequest",
+    "AdmissionState",
+    "Admit",
+    "Decision",
+    "Load",
+    "Queue",
+    "Refusal",
+    "RefusalReason",
+    "Reject",
+    "Scope",
+    "WaitCooldown",
+    "Waiter",
+    "band_of",
+    "blocking_scope",
+    "bounded_retry_after",
+    "critical_reserve",
+    "deadline_refusal",
+    "decide_entry",
+    "has_room",
+    "patience_s",
+    "scopes_for",
+]
+
+RefusalReason = Literal["overloaded", "paused", "cooldown", "budget", "deadline", "shutting_down"]
+
+RETRY_AFTER_FLOOR_S = 1.0
+DEFAULT_SERVICE_TIME_S = 1.0  # assumed until a scope has finished calls to measure
+PAUSED_RETRY_AFTER_S = 30.0  # a pause has no known end; ask callers to check back in a while
+AGEING_FRACTION = 0.5  # a waiter is lifted once it has used this much of its patience
+_DEFAULT_CAP_S = 300.0
+_MIN_COOLDOWN_RETRY_S = 0.001
+# ceil() of a product like 0.1 × 30 must not round 3.0000000000000004 up to 4
+_SHARE_EPSILON = 1e-9
+
+DEFAULT_BANDS: Mapping[WorkClass, ClassBand] = {
+    "critical": ClassBand("critical", 0.10, 30.0),
+    "interactive": ClassBand("interactive", 0.60, 0.0),
+    "background": ClassBand("background", 0.25, 30.0),
+    "bulk": ClassBand("bulk", 0.05, 300.0),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRequest:
+    """One call asking to start; `deadline` is absolute on the scheduler's monotonic clock."""
+
+    tenant: str
+    work_class: WorkClass
+    upstream: str
+    run_id: str | None = None
+    cost_class: str | None = None
+    tool: str | None = None
+    side_effect: bool = True
+    deadline: float = math.inf
+    arrived_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a call may not start, where it was refused, and when to come back (> 0 s)."""
+
+    reason: RefusalReason
+    scope: str
+    retry_after_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """One place where work accumulates, with its limits."""
+
+    name: str
+    limits: Limits
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Start now."""
+
+    scopes: tuple[Scope, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    """Wait for room until `deadline`; from `lift_at` on, ageing lifts the call."""
+
+    deadline: float
+    lift_at: float
+    scopes: tuple[Scope, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WaitCooldown:
+    """The upstream is cooling down until `until`; wait, then ask again."""
+
+    until: float
+    scopes: tuple[Scope, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Refuse now."""
+
+    refusal: Refusal
+
+
+Decision = Admit | Queue | WaitCooldown | Reject
+
+
+@dataclass(frozen=True, slots=True)
+class Waiter:
+    """A queued call: `seq` orders arrivals, `deadline` ends its wait, `lift_at` starts ageing."""
+
+    seq: int
+    request: AdmissionRequest
+    scopes: tuple[Scope, ...]
+    queued_at: float
+    deadline: float
+    lift_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionState:
+    """What the decisions read. The runtime passes read-only views of its own tables.
+
+    `running_by_class` is keyed by (scope, band); `turns` by (band, tenant): the lower, the sooner
+    that tenant's turn in its band (round-robin). `cooldown_until` is per upstream name.
+    """
+
+    running: Mapping[str, int] = field(default_factory=dict)
+    running_by_class: Mapping[tuple[str, WorkClass], int] = field(default_factory=dict)
+    queued: Mapping[str, int] = field(default_factory=dict)
+    service_time_s: Mapping[str, float] = field(default_factory=dict)
+    cooldown_until: Mapping[str, float] = field(default_factory=dict)
+    turns: Mapping[tuple[WorkClass, str], int] = field(default_factory=dict)
+    paused: Set[str] = frozenset()
+    stopping: bool = False
+
+
+class Load:
+    """Running counts as one decision sees them: the state plus calls it already started."""
+
+    __slots__ = ("_added", "_added_class", "_state")
+
+    def __init__(self, state: AdmissionState) -> None:
+        self._state = state
+        self._added: dict[str, int] = {}
+        self._added_class: dict[tuple[str, WorkClass], int] = {}
+
+    def running(self, scope: str) -> int:
+        return self._state.running.get(scope, 0) + self._added.get(scope, 0)
+
+    def running_class(self, scope: str, band: WorkClass) -> int:
+        key = (scope, band)
+        return self._state.running_by_class.get(key, 0) + self._added_class.get(key, 0)
+
+    def add(self, scopes: tuple[Scope, ...], band: WorkClass) -> None:
+        for scope in scopes:
+            self._added[scope.name] = self._added.get(scope.name, 0) + 1
+            key = (scope.name, band)
+            self._added_class[key] = self._added_class.get(key, 0) + 1
+
+
+def band_of(config: Config, work_class: WorkClass) -> ClassBand:
+    """The configured band of a work class, else the DESIGN.md default."""
+    return config.classes.get(work_class) or DEFAULT_BANDS[work_class]
+
+
+def scopes_for(config: Config, request: AdmissionRequest) -> tuple[Scope, ...]:
+    """Every scope a call touches, broadest first."""
+    scopes = [
+        Scope("global", config.scope_limits("global")),
+        Scope(f"tenant:{request.tenant}", config.scope_limits("tenant")),
+    ]
+    if request.run_id is not None:
+        scopes.append(Scope(f"run:{request.run_id}", config.scope_limits("run")))
+    spec = config.upstreams.get(request.upstream)
+    scopes.append(Scope(f"upstream:{request.upstream}", spec.limits if spec else Limits()))
+    if request.cost_class is not None and request.cost_class in config.cost_classes:
+        cost = config.cost_classes[request.cost_class]
+        scopes.append(Scope(f"cost_class:{request.cost_class}", cost))
+    scopes.append(Scope(f"class:{request.work_class}", Limits()))
+    return tuple(scopes)
+
+
+def critical_reserve(config: Config, max_running: int) -> int:
+    """Slots of a scope limited to `max_running` that only critical calls may take."""
+    share = band_of(config, "critical").share
+    if max_running < 2 or share <= 0:
+        return 0
+    return min(max_running - 1, max(1, math.ceil(share * max_running - _SHARE_EPSILON)))
+
+
+def has_room(config: Config, scope: Scope, band: WorkClass, load: Load) -> bool:
+    """Whether one more call of `band` fits in `scope`, respecting critical's reserve."""
+    limit = scope.limits.max_running
+    if limit is None:
+        return True
+    running = load.running(scope.name)
+    if band == "critical":
+        return running < limit
+    unfilled = max(0, critical_reserve(config, limit) - load.running_class(scope.name, "critical"))
+    return running + 1 + unfilled <= limit
+
+
+def patience_s(config: Config, band: WorkClass, scopes: tuple[Scope, ...]) -> float:
+    """How long a call of `band` touching `scopes` may wait for room."""
+    waits = [band_of(config, band).max_wait_s]
+    waits += [s.limits.max_wait_s for s in scopes if s.limits.max_wait_s is not None]
+    return max(min(waits), 0.0)
+
+
+def bounded_retry_after(
+    config: Config, seconds: float, *, floor: float = RETRY_AFTER_FLOOR_S
+) -> float:
+    """`seconds` clamped to [floor, cap], where the floor never exceeds the (positive) cap."""
+    cap = config.retry_after_cap_s
+    cap = cap if math.isfinite(cap) and cap > 0 else _DEFAULT_CAP_S
+    if math.isnan(seconds):
+        return cap
+    return min(max(seconds, min(floor, cap)), cap)
+
+
+def _estimated_wait_s(state: AdmissionState, scope: Scope) -> float:
+    slots = max(scope.limits.max_running or 1, 1)
+    mean = state.service_time_s.get(scope.name, DEFAULT_SERVICE_TIME_S)
+    return (state.queued.get(scope.name, 0) + 1) * mean / slots
+
+
+def blocking_scope(
+    config: Config, state: AdmissionState, load: Load, scopes: tuple[Scope, ...], band: WorkClass
+) -> tuple[Scope, float] | None:
+    """The full scope with the longest estimated wait, and that wait; None when all have room."""
+    worst: tuple[Scope, float] | None = None
+    for scope in scopes:
+        if not has_room(config, scope, band, load):
+            wait = _estimated_wait_s(state, scope)
+            if worst is None or wait > worst[1]:
+                worst = (scope, wait)
+    return worst
+
+
+def deadline_refusal(config: Config, state: AdmissionState, waiter: Waiter) -> Refusal:
+    """The refusal of a queued call whose wait ran out, naming the scope it was waiting for."""
+    band = waiter.request.work_class
+    blocked = blocking_scope(config, state, Load(state), waiter.scopes, band)
+    if blocked is None:
+        return Refusal("deadline", f"class:{band}", bounded_retry_after(config, 0.0))
+    return Refusal("deadline", blocked[0].name, bounded_retry_after(config, blocked[1]))
+
+
+def decide_entry(
+    config: Config, state: AdmissionState, request: AdmissionRequest, now: float
+) -> Decision:
+    """May this new call start now? Admit, Queue (with its deadline), WaitCooldown or Reject."""
+    scopes = scopes_for(config, request)
+    if state.stopping:
+        return Reject(Refusal("shutting_down", "global", bounded_retry_after(config, 0.0)))
+    if request.deadline <= now:
+        return Reject(Refusal("deadline", "global", bounded_retry_after(config, 0.0)))
+    paused = next((s for s in scopes if s.name in state.paused), None)
+    if paused is not None:
+        retry = bounded_retry_after(config, PAUSED_RETRY_AFTER_S)
+        return Reject(Refusal("paused", paused.name, retry))
+    patience = patience_s(config, request.work_class, scopes)
+    full = _full_queue(state, scopes)
+    until = state.cooldown_until.get(request.upstream, -math.inf)
+    if until > now:
+        if patience > 0 and until < request.deadline and full is None:
+            return WaitCooldown(until, scopes)
+        retry = bounded_retry_after(config, until - now, floor=_MIN_COOLDOWN_RETRY_S)
+        return Reject(Refusal("cooldown", f"upstream:{request.upstream}", retry))
+    blocked = blocking_scope(config, state, Load(state), scopes, request.work_class)
+    if blocked is None:
+        return Admit(scopes)
+    if patience <= 0:
+        retry = bounded_retry_after(config, blocked[1])
+        return Reject(Refusal("overloaded", blocked[0].name, retry))
+    if full is not None:
+        retry = bounded_retry_after(config, _estimated_wait_s(state, full))
+        return Reject(Refusal("overloaded", full.name, retry))
+    deadline = min(request.deadline, now + patience)
+    return Queue(deadline, min(now + AGEING_FRACTION * patience, deadline), scopes)
+
+
+def _full_queue(state: AdmissionState, scopes: tuple[Scope, ...]) -> Scope | None:
+    for scope in scopes:
+        limit = scope.limits.max_pending
+        if limit is not None and state.queued.get(scope.name, 0) >= limit:
+            return scope
+    return None

@@ -1,0 +1,297 @@
+"""The admission book: the counts that admission decisions read, kept in one place.
+
+The asyncio runtime (`proxy.scheduler`) owns futures and timers; this book owns the numbers —
+running and queued calls per scope, recent service times, cooldowns, pauses, round-robin turns —
+and applies the engine's decisions to them. It does no I/O and reads no clock (callers pass
+`now`), so property tests drive it directly, without an event loop.
+
+Entries of per-tenant and per-run scopes are dropped as soon as the scope is idle, so memory
+follows the live work, not the number of tenants or runs ever seen.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+from policies.admission import (
+    AdmissionRequest,
+    AdmissionState,
+    Decision,
+    Queue,
+    Refusal,
+    Scope,
+    Waiter,
+    deadline_refusal,
+    decide_entry,
+)
+from policies.admission_fairness import select_starts
+from policies.model import Config, WorkClass
+
+__all__ = ["SERVICE_TIME_WEIGHT", "AdmissionBook", "Dispatched", "Hold", "Running", "ScopeStats"]
+
+SERVICE_TIME_WEIGHT = 0.2  # weight of the newest sample in the per-scope service-time average
+_PER_CALLER_PREFIXES = ("tenant:", "run:")
+_K = TypeVar("_K")
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A started call as the book counts it."""
+
+    request: AdmissionRequest
+    scopes: tuple[Scope, ...]
+    started_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A call waiting for its upstream's cooldown: counted as queued, not in the run queue."""
+
+    seq: int
+    request: AdmissionRequest
+    scopes: tuple[Scope, ...]
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatched:
+    """What one dispatch did: calls started (with their running record) and calls refused."""
+
+    started: list[tuple[Waiter, Running]]
+    expired: list[tuple[Waiter, Refusal]]
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeStats:
+    """Live numbers of one scope."""
+
+    running: int
+    queued: int
+    oldest_wait_s: float
+
+
+class AdmissionBook:
+    """Running/queued counts, waiters, cooldowns and pauses of one scheduler."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._running: dict[str, int] = {}
+        self._running_class: dict[tuple[str, WorkClass], int] = {}
+        self._queued: dict[str, int] = {}
+        self._service: dict[str, float] = {}
+        self._cooldown_until: dict[str, float] = {}
+        self._turns: dict[tuple[WorkClass, str], int] = {}
+        self._band_waiting: dict[tuple[WorkClass, str], int] = {}
+        self._waiters: dict[int, Waiter] = {}
+        self._holds: dict[int, Hold] = {}
+        self._paused: set[str] = set()
+        self._stopping = False
+        self._seq = itertools.count(1)
+        self._turn = itertools.count(1)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def state(self) -> AdmissionState:
+        """A read-only view of the current counts for the engine's pure functions."""
+        return AdmissionState(
+            running=self._running,
+            running_by_class=self._running_class,
+            queued=self._queued,
+            service_time_s=self._service,
+            cooldown_until=self._cooldown_until,
+            turns=self._turns,
+            paused=self._paused,
+            stopping=self._stopping,
+        )
+
+    def decide(self, request: AdmissionRequest, now: float) -> Decision:
+        """May this new call enter? (see `policies.admission.decide_entry`)."""
+        return decide_entry(self.config, self.state(), request, now)
+
+    def deadline_refusal(self, waiter: Waiter) -> Refusal:
+        """The refusal for a queued call whose wait ran out."""
+        return deadline_refusal(self.config, self.state(), waiter)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def waiters(self) -> Iterator[Waiter]:
+        """Queued calls in arrival order."""
+        return iter(self._waiters.values())
+
+    def is_waiting(self, waiter: Waiter) -> bool:
+        return waiter.seq in self._waiters
+
+    def holds_count(self) -> int:
+        """Calls waiting for an upstream's cooldown."""
+        return len(self._holds)
+
+    def running_count(self, scope: str) -> int:
+        return self._running.get(scope, 0)
+
+    def cooldown_until(self, upstream: str) -> float | None:
+        return self._cooldown_until.get(upstream)
+
+    def stats(self, now: float) -> dict[str, ScopeStats]:
+        """Running, queued and oldest wait of every live scope."""
+        oldest: dict[str, float] = {}
+        waits = [(w.scopes, w.queued_at) for w in self._waiters.values()]
+        waits += [(h.scopes, h.since) for h in self._holds.values()]
+        for scopes, since in waits:
+            for scope in scopes:
+                oldest[scope.name] = min(oldest.get(scope.name, since), since)
+        names = sorted(set(self._running) | set(self._queued))
+        return {
+            name: ScopeStats(
+                running=self._running.get(name, 0),
+                queued=self._queued.get(name, 0),
+                oldest_wait_s=max(now - oldest[name], 0.0) if name in oldest else 0.0,
+            )
+            for name in names
+        }
+
+    # -- running calls -------------------------------------------------------------------
+
+    def start(self, request: AdmissionRequest, scopes: tuple[Scope, ...], now: float) -> Running:
+        """Count a call as running in all its scopes."""
+        band = request.work_class
+        for scope in scopes:
+            _bump(self._running, scope.name, 1)
+            _bump(self._running_class, (scope.name, band), 1)
+        return Running(request, scopes, now)
+
+    def finish(self, running: Running, now: float, *, sample: bool = True) -> None:
+        """Stop counting a call; with `sample`, its duration feeds the scopes' service times."""
+        band = running.request.work_class
+        duration = max(now - running.started_at, 0.0)
+        for scope in running.scopes:
+            _bump(self._running, scope.name, -1)
+            _bump(self._running_class, (scope.name, band), -1)
+            if sample:
+                previous = self._service.get(scope.name)
+                self._service[scope.name] = (
+                    duration
+                    if previous is None
+                    else previous + SERVICE_TIME_WEIGHT * (duration - previous)
+                )
+            self._forget_if_idle(scope.name)
+
+    # -- waiting calls -------------------------------------------------------------------
+
+    def enqueue(self, request: AdmissionRequest, decision: Queue, now: float) -> Waiter:
+        """Put a call in the run queue as `decide` told it to."""
+        waiter = Waiter(
+            next(self._seq), request, decision.scopes, now, decision.deadline, decision.lift_at
+        )
+        self._waiters[waiter.seq] = waiter
+        self._count_queued(decision.scopes, 1)
+        key = (request.work_class, request.tenant)
+        if key not in self._turns:
+            self._turns[key] = next(self._turn)
+        _bump(self._band_waiting, key, 1)
+        return waiter
+
+    def withdraw(self, waiter: Waiter) -> bool:
+        """Take a call out of the run queue (cancelled or expired); False if it was not there."""
+        if self._waiters.pop(waiter.seq, None) is None:
+            return False
+        self._count_queued(waiter.scopes, -1)
+        self._leave_band(waiter, served=False)
+        return True
+
+    def dispatch(self, now: float) -> Dispatched:
+        """Start every queued call that may start now, and drop those whose wait ran out."""
+        if not self._waiters:
+            return Dispatched([], [])
+        chosen = select_starts(self.config, self.state(), list(self._waiters.values()), now)
+        expired: list[tuple[Waiter, Refusal]] = []
+        for waiter, refusal in chosen.expired:
+            if self.withdraw(waiter):
+                expired.append((waiter, refusal))
+        started: list[tuple[Waiter, Running]] = []
+        for waiter in chosen.starts:
+            del self._waiters[waiter.seq]
+            self._count_queued(waiter.scopes, -1)
+            self._leave_band(waiter, served=True)
+            started.append((waiter, self.start(waiter.request, waiter.scopes, now)))
+        return Dispatched(started, expired)
+
+    def hold(self, request: AdmissionRequest, scopes: tuple[Scope, ...], now: float) -> Hold:
+        """Count a call that waits for a cooldown as queued in its scopes."""
+        held = Hold(next(self._seq), request, scopes, now)
+        self._holds[held.seq] = held
+        self._count_queued(scopes, 1)
+        return held
+
+    def unhold(self, held: Hold) -> None:
+        """The cooldown wait is over (idempotent)."""
+        if self._holds.pop(held.seq, None) is not None:
+            self._count_queued(held.scopes, -1)
+
+    # -- upstream and operator controls --------------------------------------------------
+
+    def start_cooldown(self, upstream: str, until: float) -> float:
+        """Cool `upstream` down until `until` (an earlier end never shortens it); the end."""
+        end = max(until, self._cooldown_until.get(upstream, until))
+        self._cooldown_until[upstream] = end
+        return end
+
+    def end_cooldown(self, upstream: str) -> None:
+        self._cooldown_until.pop(upstream, None)
+
+    def expire_cooldowns(self, now: float) -> None:
+        """Forget cooldowns that have ended."""
+        for upstream in [u for u, end in self._cooldown_until.items() if end <= now]:
+            del self._cooldown_until[upstream]
+
+    def cooldowns(self, now: float) -> dict[str, float]:
+        """Remaining cooldown per upstream, for those still cooling."""
+        return {u: end - now for u, end in self._cooldown_until.items() if end > now}
+
+    def pause(self, scope: str) -> None:
+        """Refuse new calls touching `scope` (reason "paused") until `resume`."""
+        self._paused.add(scope)
+
+    def resume(self, scope: str) -> None:
+        self._paused.discard(scope)
+
+    def stop(self) -> list[Waiter]:
+        """Refuse every new call from now on; returns (and removes) the queued calls."""
+        self._stopping = True
+        queued = list(self._waiters.values())
+        for waiter in queued:
+            self.withdraw(waiter)
+        return queued
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _count_queued(self, scopes: tuple[Scope, ...], delta: int) -> None:
+        for scope in scopes:
+            _bump(self._queued, scope.name, delta)
+            if delta < 0:
+                self._forget_if_idle(scope.name)
+
+    def _leave_band(self, waiter: Waiter, *, served: bool) -> None:
+        key = (waiter.request.work_class, waiter.request.tenant)
+        _bump(self._band_waiting, key, -1)
+        if key not in self._band_waiting:
+            self._turns.pop(key, None)
+        elif served:
+            self._turns[key] = next(self._turn)
+
+    def _forget_if_idle(self, scope: str) -> None:
+        idle = scope not in self._running and scope not in self._queued
+        if idle and scope.startswith(_PER_CALLER_PREFIXES):
+            self._service.pop(scope, None)
+
+
+def _bump(table: dict[_K, int], key: _K, delta: int) -> None:
+    value = table.get(key, 0) + delta
+    if value:
+        table[key] = value
+    else:
+        table.pop(key, None)
