@@ -154,25 +154,26 @@ def _reading(app: web.Application) -> metrics.StateReading:
 
 
 def _scheduler_reading(app: web.Application) -> dict[str, dict[str, Any]]:
-    """Per-scope queued / oldest wait / running and per-upstream cooldowns from the scheduler."""
+    """Per-scope queued / oldest wait / running and per-upstream cooldowns from the scheduler.
+
+    The global scope and every configured upstream's scope are always reported (0 when idle), so
+    their series never vanish; tenant and run scopes appear while they have work.
+    """
+    config = app[CONFIG]
+    always = ["global", *(f"upstream:{name}" for name in config.upstreams)]
     reading: dict[str, dict[str, Any]] = {
-        "queued": {},
-        "oldest_wait_s": {},
-        "running": {},
-        "cooldowns": {},
+        "queued": dict.fromkeys(always, 0),
+        "oldest_wait_s": dict.fromkeys(always, 0.0),
+        "running": dict.fromkeys(always, 0),
+        "cooldowns": dict.fromkeys(config.upstreams, 0.0),
     }
     scheduler = app.get(SCHEDULER)
     if scheduler is None:
         return reading
     snapshot = scheduler.snapshot()
-    scopes = getattr(snapshot, "scopes", {})
-    items = scopes.items() if isinstance(scopes, Mapping) else ((s.scope, s) for s in scopes)
-    for name, scope in items:
-        reading["queued"][name] = int(getattr(scope, "queued", 0))
-        reading["oldest_wait_s"][name] = float(getattr(scope, "oldest_wait_s", 0.0) or 0.0)
-        reading["running"][name] = int(getattr(scope, "running", 0))
-    for upstream in app[CONFIG].upstreams:
-        reading["cooldowns"][upstream] = 0.0
-    for upstream, remaining in dict(getattr(snapshot, "cooldowns", {}) or {}).items():
-        reading["cooldowns"][upstream] = float(remaining)
+    for name, scope in snapshot.scopes.items():
+        reading["queued"][name] = scope.queued
+        reading["oldest_wait_s"][name] = scope.oldest_wait_s
+        reading["running"][name] = scope.running
+    reading["cooldowns"].update(snapshot.cooldowns)
     return reading

@@ -1,0 +1,209 @@
+"""`GET /metrics` scraped and parsed: scheduler gauges, ledger counts read from the ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from aiohttp import ClientSession, web
+from prometheus_client.parser import text_string_to_metric_families
+
+from ledger import ClaimRequest, LedgerStore
+from policies.admission import AdmissionRequest
+from policies.config import parse_config_text
+from policies.model import Config
+from proxy import metrics
+from proxy.metrics_http import METRICS, setup_metrics
+from proxy.scheduler import Scheduler
+from proxy.state import CONFIG, LEDGER, SCHEDULER, LedgerHandle
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+CONFIG_TEXT = """
+    ledger: {url: "sqlite:///ledger.db"}
+    limits:
+      global: {max_running: 1, max_pending: 4}
+    upstreams:
+      mail: {mcp: "http://127.0.0.1:9/mcp"}
+      files: {mcp: "http://127.0.0.1:9/mcp"}
+"""
+
+
+class Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def load(folder: Path) -> Config:
+    return parse_config_text(
+        textwrap.dedent(CONFIG_TEXT), str(folder / "i.yaml"), environ={}, base_dir=folder
+    )
+
+
+async def open_store(config: Config) -> LedgerStore:
+    return await LedgerStore.open(config.ledger, owner="metrics-test")
+
+
+@contextlib.asynccontextmanager
+async def metrics_app(
+    config: Config, store: LedgerStore | None, scheduler: Scheduler | None = None
+) -> AsyncIterator[tuple[web.Application, str]]:
+    """A minimal application with the real scheduler, the given ledger and `/metrics`."""
+    app = web.Application()
+    app[CONFIG] = config
+    app[SCHEDULER] = scheduler or Scheduler(config)
+    app[LEDGER] = LedgerHandle(store=store, error=None if store else "down for the test")
+    setup_metrics(app, ledger_refresh_s=0)
+    runner = web.AppRunner(app, shutdown_timeout=1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield app, f"http://{host}:{port}/metrics"
+    finally:
+        await runner.cleanup()
+
+
+async def scrape(url: str) -> Samples:
+    async with ClientSession() as session, session.get(url) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain")
+        text = await response.text()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def claim_request(key: str) -> ClaimRequest:
+    return ClaimRequest(
+        tenant="acme",
+        upstream="mail",
+        tool="send_email",
+        idempotency_key=key,
+        key_source="explicit",
+        fingerprint="f" * 64,
+    )
+
+
+def entries(samples: Samples) -> dict[str, float]:
+    return {
+        dict(labels)["state"]: value
+        for (name, labels), value in samples.items()
+        if name == "interlock_ledger_entries"
+    }
+
+
+async def test_ledger_counts_come_from_the_ledger_and_survive_a_restart(tmp_path: Path) -> None:
+    """Counts by state are read from the ledger, so a restarted proxy reports the same numbers."""
+    config = load(tmp_path)
+    store = await open_store(config)
+    try:
+        running = await store.claim(claim_request("k1"))
+        lost = await store.claim(claim_request("k2"))
+        await store.mark_unknown(lost.entry.id, lost.entry.fencing_token, reason="test timeout")
+        async with metrics_app(config, store) as (_app, url):
+            before = await scrape(url)
+    finally:
+        await store.close()
+    assert running.kind == "new"
+    assert entries(before)["running"] == 1
+    assert entries(before)["unknown"] == 1
+    assert entries(before)["blocked"] == 0
+    assert before[("interlock_ledger_up", ())] == 1
+    assert before[("interlock_ledger_oldest_unknown_age_seconds", ())] >= 0
+
+    reopened = await open_store(config)  # a new process: nothing counted in memory
+    try:
+        async with metrics_app(config, reopened) as (_app, url):
+            after = await scrape(url)
+    finally:
+        await reopened.close()
+    assert entries(after) == entries(before)
+
+
+async def test_ledger_counts_are_cached_between_refreshes(tmp_path: Path) -> None:
+    """Scrapes within `ledger_refresh_s` reuse the last read; the next one after it re-reads."""
+    config = load(tmp_path)
+    store = await open_store(config)
+    clock = Clock()
+    try:
+        async with metrics_app(config, store) as (app, url):
+            app[METRICS].ledger_refresh_s = 5.0
+            app[METRICS].clock = clock
+            assert entries(await scrape(url))["running"] == 0
+            await store.claim(claim_request("k1"))
+            clock.now += 1
+            assert entries(await scrape(url))["running"] == 0
+            clock.now += 5
+            assert entries(await scrape(url))["running"] == 1
+    finally:
+        await store.close()
+
+
+async def test_unreachable_ledger_reports_down_not_zero(tmp_path: Path) -> None:
+    """Without a ledger, `interlock_ledger_up` is 0 and no entry counts are invented."""
+    async with metrics_app(load(tmp_path), None) as (_app, url):
+        samples = await scrape(url)
+    assert samples[("interlock_ledger_up", ())] == 0
+    assert entries(samples) == {}
+
+
+async def test_scheduler_gauges_show_running_queue_and_cooldown(tmp_path: Path) -> None:
+    """Running, queue depth, oldest wait (per scope) and cooldowns come from the scheduler."""
+    config = load(tmp_path)
+    clock = Clock()
+    scheduler = Scheduler(config, clock=clock)
+    queued = asyncio.Event()
+
+    async def on_wait(state: str) -> None:
+        if state == "queued":
+            queued.set()
+
+    first = await scheduler.admit(
+        AdmissionRequest("acme", "background", "mail", arrived_at=clock())
+    )
+    waiter = asyncio.create_task(
+        scheduler.admit(
+            AdmissionRequest("acme", "background", "mail", arrived_at=clock()), on_wait=on_wait
+        )
+    )
+    try:
+        await asyncio.wait_for(queued.wait(), 5)
+        clock.now += 7
+        scheduler.start_cooldown("files", 30)
+        async with metrics_app(config, None, scheduler) as (_app, url):
+            samples = await scrape(url)
+    finally:
+        first.release()
+        second = await asyncio.wait_for(waiter, 5)
+        second.release()
+    assert samples[("interlock_running", (("scope", "global"),))] == 1
+    assert samples[("interlock_queue_depth", (("scope", "global"),))] == 1
+    assert samples[("interlock_queue_depth", (("scope", "upstream:mail"),))] == 1
+    assert samples[("interlock_queue_oldest_wait_seconds", (("scope", "global"),))] == 7
+    assert samples[("interlock_queue_depth", (("scope", "upstream:files"),))] == 0
+    assert samples[("interlock_upstream_cooldown_active", (("upstream", "files"),))] == 1
+    assert samples[("interlock_upstream_cooldown_active", (("upstream", "mail"),))] == 0
+
+
+async def test_counters_are_scoped_to_the_application(tmp_path: Path) -> None:
+    """Without `configure_telemetry`, each application counts from zero for its own lifetime."""
+    config = load(tmp_path)
+    for expected in (2, 2):
+        async with metrics_app(config, None) as (_app, url):
+            for _ in range(expected):
+                metrics.refusal("overloaded", "global", "mail")
+            samples = await scrape(url)
+        labels = (("reason", "overloaded"), ("scope", "global"), ("upstream", "mail"))
+        assert samples[("interlock_admission_refusals_total", labels)] == expected
