@@ -1,22 +1,25 @@
-"""Forwarding bytes to an HTTP upstream and back: path safety, header filters, transport errors.
+"""Forwarding bytes to an HTTP upstream and back: path safety, headers, transport, outcomes.
 
 The pure parts (the target URL, the hop-by-hop header filters) are plain functions; the I/O parts
-are `open_upstream` (one attempt: send, wait for the response head) and `iter_body` (relay the
-body chunk by chunk as it arrives). Both translate aiohttp's errors into `proxy.errors` in one
+are `open_upstream` (one attempt: send, wait for the response head) and `read_chunk` (the body
+piece by piece, as it arrives). Both translate aiohttp's errors into `proxy.errors` in one
 place, `_translate`, so the pipeline only ever sees our own exception tree.
 
 `Downstream` is the caller's side of the exchange: it knows whether anything was sent to the caller
 yet (a retry is only possible before that), opens an SSE stream early to tell a waiting streaming
 caller what it is waiting for, and ends a broken stream so the caller sees an error, not a hang.
+`encode_outcome` / `replay_response` store a side-effecting call's answer in the ledger and give
+it back byte-identical to a caller that repeats the call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import unquote
 
@@ -37,13 +40,17 @@ from proxy.errors import (
 __all__ = [
     "HOP_BY_HOP",
     "PRESSURE_STATUSES",
+    "REPLAYED_HEADER",
     "Downstream",
     "UnsafePath",
-    "iter_body",
+    "encode_outcome",
     "open_upstream",
+    "read_chunk",
+    "replay_response",
     "request_headers",
     "response_headers",
     "split_route",
+    "sse_error_event",
     "upstream_url",
 ]
 
@@ -201,10 +208,10 @@ async def open_upstream(
     method: str,
     url: URL,
     headers: CIMultiDict[str],
-    body: bytes | AsyncIterator[bytes] | None,
+    body: bytes | aiohttp.StreamReader | None,
     timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 - aiohttp's per-request timeouts, not a wait
 ) -> aiohttp.ClientResponse:
-    """Send one attempt and wait for the response head; the body is left to `iter_body`.
+    """Send one attempt and wait for the response head; the body is left to `read_chunk`.
 
     Redirects are never followed (the proxy contacts only the configured upstream).
 
@@ -230,15 +237,14 @@ async def open_upstream(
     return response
 
 
-async def iter_body(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """The response body chunk by chunk, as the upstream produces it.
+async def read_chunk(response: aiohttp.ClientResponse) -> bytes:
+    """The next piece of the response body as soon as any is there; `b""` at the end.
 
     Raises:
         UpstreamTimeout, UpstreamLost: the body stalled past the read timeout or was cut off.
     """
     try:
-        async for chunk in response.content.iter_any():
-            yield chunk
+        return await response.content.readany()
     except _TRANSPORT_ERRORS as exc:
         raise _translate(exc) from exc
 
@@ -333,3 +339,50 @@ class Downstream:
         if transport is not None:
             transport.close()
         return self.response
+
+
+# -------------------------------------------------------------------------------- outcomes
+
+# Response headers that describe this one exchange, not the outcome: never stored or replayed.
+_NOT_REPLAYED = frozenset(
+    {"content-length", "date", "server", "set-cookie", "retry-after", "retry-after-ms"}
+)
+_NOT_REPLAYED_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+
+def encode_outcome(status: int, headers: Iterable[tuple[str, str]], body: bytes) -> bytes:
+    """A side-effecting call's answer as the ledger stores it: status, headers worth replaying,
+    and the body bytes exactly as the upstream sent them (base64)."""
+    kept = [
+        [name, value]
+        for name, value in response_headers(headers).items()
+        if name.lower() not in _NOT_REPLAYED and not name.lower().startswith(_NOT_REPLAYED_PREFIXES)
+    ]
+    record = {"v": 1, "status": status, "headers": kept, "body": base64.b64encode(body).decode()}
+    return json.dumps(record, separators=(",", ":")).encode()
+
+
+def replay_response(
+    outcome: bytes | None, *, state: str, entry_id: str, idempotency_key: str | None
+) -> web.Response:
+    """The stored answer of a finished call, byte-identical, marked `Idempotent-Replayed: true`.
+
+    An outcome that was too large to keep (only its hash was stored) answers 200 with a note.
+    """
+    if outcome is None:
+        body = {
+            "status": "completed",
+            "state": state,
+            "outcome_retained": False,
+            "entry_id": entry_id,
+            "idempotency_key": idempotency_key,
+            "message": "The call completed; its outcome was too large to be kept for replay.",
+        }
+        return web.json_response(body, headers={REPLAYED_HEADER: "true"})
+    record = json.loads(outcome)
+    headers: CIMultiDict[str] = CIMultiDict((name, value) for name, value in record["headers"])
+    headers[REPLAYED_HEADER] = "true"
+    return web.Response(
+        status=record["status"], headers=headers, body=base64.b64decode(record["body"])
+    )

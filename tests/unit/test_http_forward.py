@@ -8,6 +8,8 @@ import pytest
 
 from proxy.http_forward import (
     UnsafePath,
+    encode_outcome,
+    replay_response,
     request_headers,
     response_headers,
     split_route,
@@ -168,3 +170,42 @@ def test_sse_error_event_is_one_event() -> None:
     assert head == "event: error"
     assert json.loads(data.removeprefix("data: ")) == {"type": "error", "error": {"message": "m"}}
     assert raw.endswith(b"\n\n")
+
+
+def test_outcome_round_trip_is_byte_identical() -> None:
+    """A stored outcome replays the same status, body bytes and replayable headers."""
+    body = b'{"id": "act_1",  "n": 1}\n'  # odd spacing: bytes, not re-serialised JSON
+    stored = encode_outcome(
+        201,
+        [
+            ("Content-Type", "application/json"),
+            ("Content-Encoding", "identity"),
+            ("Location", "/v1/actions/act_1"),
+            ("Date", "Mon, 01 Jan 2024 00:00:00 GMT"),
+            ("Content-Length", "24"),
+            ("Set-Cookie", "session=secret"),
+            ("x-ratelimit-remaining-requests", "3"),
+            ("Transfer-Encoding", "chunked"),
+        ],
+        body,
+    )
+    assert b"secret" not in stored
+    response = replay_response(stored, state="succeeded", entry_id="e1", idempotency_key="k")
+    assert response.status == 201
+    assert response.body == body
+    assert response.headers["Idempotent-Replayed"] == "true"
+    assert response.headers["Location"] == "/v1/actions/act_1"
+    assert response.headers["Content-Type"] == "application/json"
+    for dropped in ("Date", "Set-Cookie", "x-ratelimit-remaining-requests", "Transfer-Encoding"):
+        assert dropped not in response.headers
+
+
+def test_replay_of_an_outcome_not_retained() -> None:
+    """An outcome kept only as a hash replays as 'completed, outcome not retained'."""
+    response = replay_response(None, state="succeeded", entry_id="e1", idempotency_key="k")
+    assert response.status == 200
+    assert response.headers["Idempotent-Replayed"] == "true"
+    assert response.body is not None
+    data = json.loads(response.body)  # type: ignore[arg-type]
+    assert data["outcome_retained"] is False
+    assert data["entry_id"] == "e1"
