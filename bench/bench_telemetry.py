@@ -1,0 +1,251 @@
+"""What telemetry costs: proxy CPU per call and latency with tracing off, on, and collector down.
+
+The proxy runs as a real `interlock serve` subprocess (its CPU is read with psutil, so the load
+generator, the upstream and the OTLP receiver in this process are not counted). Scenarios:
+
+- off: `telemetry.enabled: false` (no span recorded; metrics still served);
+- on: spans exported over OTLP/HTTP to a local receiver (the test suite's real receiver);
+- collector down: `otlp_endpoint` on a closed 127.0.0.1 port (export fails, spans dropped).
+
+Calls: a read-only GET and a side-effecting POST (ledger write-ahead, more spans) through the HTTP
+proxy to a small aiohttp upstream on 127.0.0.1. All traffic stays on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+from aiohttp import ClientSession, ClientTimeout, web
+
+from bench.common import Table
+from tests.integration.otlp_receiver import OtlpReceiver
+
+__all__ = ["run"]
+
+_ROOT = Path(__file__).resolve().parents[1]
+_CONCURRENCY = 8
+_START_TIMEOUT_S = 20.0
+
+
+@dataclass
+class Result:
+    calls: int
+    errors: int
+    cpu_s: float
+    latencies_s: list[float]
+
+    @property
+    def cpu_per_call_us(self) -> float:
+        return self.cpu_s / max(1, self.calls) * 1e6
+
+    def percentile(self, q: float) -> float:
+        ordered = sorted(self.latencies_s)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def _upstream() -> AsyncIterator[str]:
+    """A JSON API on 127.0.0.1: GET /v1/items (read-only) and POST /v1/orders."""
+
+    async def items(_request: web.Request) -> web.Response:
+        return web.json_response({"items": [1, 2, 3]})
+
+    async def orders(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"order": "created"}, status=201)
+
+    app = web.Application()
+    app.router.add_get("/v1/items", items)
+    app.router.add_post("/v1/orders", orders)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+def _config(folder: Path, port: int, upstream: str, telemetry: str) -> Path:
+    path = folder / "interlock.yaml"
+    text = f"""
+        listen: "127.0.0.1:{port}"
+        ledger: {{url: "sqlite:///ledger.db", durability: normal}}
+        telemetry: {telemetry}
+        limits:
+          global: {{max_running: 256, max_pending: 1024}}
+          tenant: {{max_running: 64, max_pending: 256}}
+        upstreams:
+          api: {{http: "{upstream}"}}
+    """
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@contextlib.asynccontextmanager
+async def _proxy(config: Path, port: int) -> AsyncIterator[psutil.Process]:
+    """`interlock serve` as a subprocess, ready (its /healthz answers) when yielded."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INTERLOCK_")}
+    env["INTERLOCK_LOG_LEVEL"] = "ERROR"
+    proc = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-m", "proxy.cli", "serve", "--config", str(config)],
+        cwd=_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        await _wait_ready(f"http://127.0.0.1:{port}/healthz", proc)
+        yield psutil.Process(proc.pid)
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await asyncio.wait_for(proc.wait(), 5)
+
+
+async def _wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    async with ClientSession(timeout=ClientTimeout(total=1)) as session:
+        while time.monotonic() < deadline:
+            if proc.returncode is not None:
+                raise RuntimeError(f"interlock serve exited with {proc.returncode}")
+            with contextlib.suppress(OSError, asyncio.TimeoutError):
+                async with session.get(url) as response:
+                    if response.status == 200:
+                        return
+            await asyncio.sleep(0.1)  # polling a starting process, bounded by the deadline
+    raise RuntimeError("interlock serve did not become ready")
+
+
+async def _drive(base: str, kind: str, calls: int, proc: psutil.Process) -> Result:
+    latencies: list[float] = []
+    errors = 0
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(calls):
+        queue.put_nowait(i)
+
+    async def one(session: ClientSession) -> None:
+        nonlocal errors
+        while not queue.empty():
+            queue.get_nowait()
+            started = time.perf_counter()
+            if kind == "GET":
+                response = await session.get(f"{base}/http/api/v1/items")
+            else:
+                response = await session.post(
+                    f"{base}/http/api/v1/orders",
+                    json={"sku": "A1", "qty": 1},
+                    headers={"Idempotency-Key": uuid.uuid4().hex},
+                )
+            async with response:
+                await response.read()
+                errors += response.status >= 400
+            latencies.append(time.perf_counter() - started)
+
+    async with ClientSession(headers={"X-Interlock-Tenant": "bench"}) as session:
+        before = proc.cpu_times()
+        await asyncio.gather(*(one(session) for _ in range(_CONCURRENCY)))
+        after = proc.cpu_times()
+    cpu = (after.user - before.user) + (after.system - before.system)
+    return Result(calls=calls, errors=errors, cpu_s=cpu, latencies_s=latencies)
+
+
+async def _scenario(
+    folder: Path, upstream: str, telemetry: str, kinds: list[str], calls: int
+) -> dict[str, Result]:
+    port = _free_port()
+    config = _config(folder, port, upstream, telemetry)
+    results: dict[str, Result] = {}
+    async with _proxy(config, port) as proc:
+        base = f"http://127.0.0.1:{port}"
+        for kind in kinds:
+            await _drive(base, kind, max(20, calls // 10), proc)  # warm-up
+            results[kind] = await _drive(base, kind, calls, proc)
+    return results
+
+
+async def _run(quick: bool) -> list[Table]:
+    calls = 150 if quick else 600
+    kinds = ["GET"] if quick else ["GET", "POST"]
+    rows: list[list[str]] = []
+    async with _upstream() as upstream, OtlpReceiver() as receiver:
+        scenarios = {
+            "off": "{enabled: false}",
+            "on, exporting to a local receiver": f'{{otlp_endpoint: "{receiver.endpoint}"}}',
+            "on, collector down (closed port)": (
+                f'{{otlp_endpoint: "http://127.0.0.1:{_free_port()}", export_timeout_s: 1}}'
+            ),
+        }
+        results: dict[str, dict[str, Result]] = {}
+        for name, telemetry in scenarios.items():
+            with tempfile.TemporaryDirectory(prefix="interlock-bench-") as tmp:
+                results[name] = await _scenario(Path(tmp), upstream, telemetry, kinds, calls)
+        spans_received = len(receiver.spans)
+    for kind in kinds:
+        base = results["off"][kind]
+        for name, by_kind in results.items():
+            r = by_kind[kind]
+            rows.append(
+                [
+                    kind,
+                    name,
+                    str(r.calls),
+                    str(r.errors),
+                    f"{r.cpu_per_call_us:.0f}",
+                    f"{r.cpu_per_call_us / max(base.cpu_per_call_us, 1e-9):.2f}×",
+                    f"{statistics.median(r.latencies_s) * 1000:.2f}",
+                    f"{r.percentile(0.99) * 1000:.2f}",
+                ]
+            )
+    note = (
+        f"{_CONCURRENCY} concurrent clients; CPU is the proxy process's user+system time only. "
+        f"GET is read-only (server, queue, attempt spans); POST is side-effecting (adds ledger "
+        f"claim/finish spans). The receiver got {spans_received} spans in the 'on' runs."
+    )
+    return [
+        Table(
+            title="Telemetry cost per call (proxy subprocess)",
+            columns=[
+                "call",
+                "telemetry",
+                "calls",
+                "errors",
+                "CPU µs/call",
+                "vs off",
+                "p50 ms",
+                "p99 ms",
+            ],
+            rows=rows,
+            note=note,
+        )
+    ]
+
+
+def run(quick: bool = False) -> list[Table]:
+    """CPU per call and latency through the proxy with telemetry off / on / collector down."""
+    return asyncio.run(_run(quick))
