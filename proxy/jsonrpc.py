@@ -1,0 +1,219 @@
+"""JSON-RPC 2.0 messages as the MCP transport sees them: parse, validate, classify, serialize.
+
+Pure: no I/O. Client bodies are validated strictly (a bad one gets a specific error and is never
+forwarded); messages from upstreams are read leniently (`read_upstream_message`) because the proxy
+relays them, it does not judge them.
+
+A `WireMessage` is a dict that remembers the exact bytes it was parsed from, so a response the
+proxy did not change reaches the client byte-for-byte (`wire_bytes`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from policies.answers import CODE_INVALID_REQUEST, CODE_PARSE_ERROR, Answer, bad_request
+
+__all__ = [
+    "Body",
+    "InvalidBody",
+    "JsonObject",
+    "Message",
+    "MessageKind",
+    "WireMessage",
+    "dumps",
+    "error_response",
+    "id_key",
+    "kind_of",
+    "parse_body",
+    "progress_token",
+    "read_upstream_message",
+    "wire_bytes",
+]
+
+JsonObject = dict[str, Any]
+MessageKind = Literal["request", "notification", "response"]
+
+
+class InvalidBody(ValueError):
+    """A client body that is not acceptable JSON-RPC; `answer` is what the client is told."""
+
+    def __init__(self, answer: Answer) -> None:
+        super().__init__(answer.message)
+        self.answer = answer
+
+
+class WireMessage(dict[str, Any]):
+    """A JSON-RPC message parsed from `raw`; `raw` is written instead of re-encoding it."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, value: Mapping[str, Any], raw: bytes) -> None:
+        super().__init__(value)
+        self.raw = raw
+
+
+def wire_bytes(message: Mapping[str, Any]) -> bytes:
+    """The bytes to send for `message`: its original bytes if it is an unchanged `WireMessage`.
+
+    The comparison re-reads `raw` so that a message the pipeline edited in place (even deep
+    inside `result`) is re-encoded, never sent stale.
+    """
+    if isinstance(message, WireMessage) and json.loads(message.raw) == message:
+        return message.raw
+    return dumps(message)
+
+
+def dumps(value: Any) -> bytes:
+    """Compact JSON, UTF-8, no newline (one stdio line, one SSE data line)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One validated client message."""
+
+    kind: MessageKind
+    body: JsonObject
+
+    @property
+    def method(self) -> str | None:
+        method = self.body.get("method")
+        return method if isinstance(method, str) else None
+
+    @property
+    def id(self) -> str | int | None:
+        value = self.body.get("id")
+        return value if isinstance(value, str | int) and not isinstance(value, bool) else None
+
+    @property
+    def params(self) -> JsonObject:
+        params = self.body.get("params")
+        return params if isinstance(params, dict) else {}
+
+    @property
+    def meta(self) -> JsonObject:
+        meta = self.params.get("_meta")
+        return meta if isinstance(meta, dict) else {}
+
+
+@dataclass(frozen=True, slots=True)
+class Body:
+    """A parsed client POST body: one message, or a batch (a JSON array) of them."""
+
+    messages: tuple[Message, ...]
+    batch: bool
+
+    @property
+    def single(self) -> Message:
+        return self.messages[0]
+
+
+def _invalid(reason: str, message: str) -> InvalidBody:
+    return InvalidBody(bad_request(CODE_INVALID_REQUEST, reason, message))
+
+
+def parse_body(raw: bytes) -> Body:
+    """Parse and validate a client POST body.
+
+    Raises:
+        InvalidBody: not JSON (-32700), or JSON that is not JSON-RPC 2.0 (-32600).
+    """
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        # ValueError covers bad UTF-8 and huge integer literals as well as JSONDecodeError.
+        raise InvalidBody(
+            bad_request(CODE_PARSE_ERROR, "parse_error", "The request body is not valid JSON.")
+        ) from None
+    if isinstance(value, list):
+        if not value:
+            raise _invalid("empty_batch", "An empty JSON-RPC batch is not a valid request.")
+        return Body(tuple(_validate(item) for item in value), batch=True)
+    return Body((_validate(value),), batch=False)
+
+
+def _valid_id(value: Any) -> bool:
+    return isinstance(value, str | int) and not isinstance(value, bool)
+
+
+def _validate(value: Any) -> Message:
+    if not isinstance(value, dict):
+        raise _invalid("not_an_object", "A JSON-RPC message must be a JSON object.")
+    if value.get("jsonrpc") != "2.0":
+        raise _invalid("bad_jsonrpc_version", 'A JSON-RPC message must carry "jsonrpc": "2.0".')
+    if "method" in value:
+        method = value["method"]
+        if not isinstance(method, str) or not method:
+            raise _invalid("bad_method", "The JSON-RPC method must be a non-empty string.")
+        if "params" in value and not isinstance(value["params"], dict):
+            raise _invalid("bad_params", "MCP params must be a JSON object.")
+        if "id" not in value:
+            return Message("notification", value)
+        if not _valid_id(value["id"]):
+            raise _invalid("bad_id", "A JSON-RPC request id must be a string or an integer.")
+        return Message("request", value)
+    if "id" in value and ("result" in value) != ("error" in value):
+        if value["id"] is not None and not _valid_id(value["id"]):
+            raise _invalid("bad_id", "A JSON-RPC response id must be a string or an integer.")
+        error = value.get("error")
+        if "error" in value and not (
+            isinstance(error, dict)
+            and isinstance(error.get("code"), int)
+            and isinstance(error.get("message"), str)
+        ):
+            raise _invalid("bad_error", "A JSON-RPC error needs an integer code and a message.")
+        return Message("response", value)
+    raise _invalid(
+        "not_jsonrpc", "The body is neither a JSON-RPC request, a notification nor a response."
+    )
+
+
+def kind_of(message: Mapping[str, Any]) -> MessageKind | None:
+    """Classify a message by its members (`None` if it is none of the three)."""
+    if isinstance(message.get("method"), str):
+        return "request" if "id" in message else "notification"
+    if "id" in message and ("result" in message or "error" in message):
+        return "response"
+    return None
+
+
+def read_upstream_message(raw: bytes | str) -> WireMessage | None:
+    """Parse one upstream message (SSE `data` or a stdio line); `None` if it is not one."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict) or kind_of(value) is None:
+        return None
+    return WireMessage(value, raw.encode() if isinstance(raw, str) else raw)
+
+
+def id_key(value: Any) -> str:
+    """A dict key for a JSON-RPC id that keeps `1` and `"1"` apart."""
+    return f"n:{value}" if isinstance(value, int) else f"s:{value}"
+
+
+def progress_token(message: Mapping[str, Any]) -> str | int | None:
+    """The `progressToken` of a request's `params._meta`, or of a progress notification."""
+    params = message.get("params")
+    if not isinstance(params, dict):
+        return None
+    token = params.get("progressToken")
+    if token is None:
+        meta = params.get("_meta")
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
+    return token if _valid_id(token) else None
+
+
+def error_response(
+    request_id: Any, code: int, message: str, data: Mapping[str, Any] | None = None
+) -> JsonObject:
+    """A JSON-RPC error response message."""
+    error: JsonObject = {"code": code, "message": message}
+    if data:
+        error["data"] = dict(data)
+    return {"jsonrpc": "2.0", "id": request_id, "error": error}

@@ -1,0 +1,109 @@
+"""JSON-RPC batches (handshake-era revisions): split, forward each element, answer each request.
+
+Upstream MCP servers take one message per POST, so the proxy forwards a batch's elements one by
+one, in order: notifications and responses are posted as they come, requests run concurrently
+(`tools/call` through the pipeline, the others exchanged directly). Every request gets its own
+answer - a batch mixing allowed and refused calls gets an error for exactly the refused ones -
+as one SSE event each (when the client accepts SSE, so progress can flow) or one JSON array.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+
+from policies.answers import CODE_INVALID_REQUEST, bad_request
+from proxy.errors import UpstreamError
+from proxy.jsonrpc import Body, Message, dumps, wire_bytes
+from proxy.mcp_forward import UpstreamChannel, failure_message, run_tools_call, traced
+from proxy.mcp_post import Answered, PostContext, answer_response, channel_for
+from proxy.mcp_reply import ClientReply
+from proxy.mcp_state import learn_tools
+
+__all__ = ["handle_batch"]
+
+log = logging.getLogger("interlock.mcp")
+
+
+async def handle_batch(pc: PostContext, body: Body) -> web.StreamResponse:
+    """Forward a batch and answer every request in it."""
+    if pc.modern:
+        return answer_response(
+            bad_request(
+                CODE_INVALID_REQUEST,
+                "batch_not_supported",
+                f"Protocol version {pc.protocol_version} has no JSON-RPC batches.",
+            )
+        )
+    if any(m.method == "initialize" for m in body.messages if m.kind == "request"):
+        return answer_response(
+            bad_request(
+                CODE_INVALID_REQUEST,
+                "initialize_in_batch",
+                "initialize must be sent on its own, not inside a batch.",
+            )
+        )
+    try:
+        channel = await channel_for(pc)
+    except Answered as early:
+        return early.response
+    gone = asyncio.Event()
+    reply = pc.reply(gone)
+    calls: list[asyncio.Task[bytes]] = []
+    with pc.transport.watcher.watch(pc.request, gone):
+        for message in body.messages:
+            if message.kind == "request":
+                calls.append(asyncio.create_task(_answer(pc, channel, message, reply, gone)))
+                continue
+            try:
+                await channel.post(message.body, None)
+            except UpstreamError as exc:
+                log.warning("%s: batch element not delivered: %s", pc.spec.name, exc)
+        answers = await asyncio.gather(*calls)
+    if not answers:
+        return await reply.accepted()
+    return await reply.finish_many(answers)
+
+
+async def _answer(
+    pc: PostContext,
+    channel: UpstreamChannel,
+    message: Message,
+    reply: ClientReply,
+    gone: asyncio.Event,
+) -> bytes:
+    """One request of the batch, answered (an upstream failure becomes its JSON-RPC error)."""
+    with traced(
+        message,
+        pc.spec,
+        pc.request.headers,
+        session_id=pc.session_id,
+        protocol_version=pc.protocol_version,
+    ) as outcome:
+        try:
+            if message.method == "tools/call":
+                answer = await run_tools_call(
+                    pc.request,
+                    spec=pc.spec,
+                    channel=channel,
+                    message=message,
+                    raw=None,
+                    reply=reply,
+                    gone=gone,
+                    session_id=pc.session_id,
+                    protocol_version=pc.protocol_version,
+                    modern=False,
+                )
+            else:
+                answer = await channel.exchange(
+                    message.body, raw=None, relay=reply, timeout_s=pc.timeout_s
+                )
+        except UpstreamError as exc:
+            outcome.error_type = type(exc).__name__
+            return dumps(failure_message(message.id, exc, pc.spec))
+        outcome.response(answer)
+        if message.method == "tools/list" and isinstance(answer.get("result"), dict):
+            learn_tools(pc.app, pc.spec.name, answer["result"])
+        return wire_bytes(answer)

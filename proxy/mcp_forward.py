@@ -1,0 +1,341 @@
+"""Forwarding one JSON-RPC message to an MCP upstream, whatever its transport.
+
+An `UpstreamChannel` is the upstream as one client request sees it: an HTTP upstream
+(`HttpChannel`, carrying the client's allowed headers) or a stdio process (`StdioChannel`). Both
+offer `exchange` (a request and its final response, relaying what comes before it: one upstream
+attempt, traced as a CLIENT span) and `post` (a notification or a response, no answer expected).
+
+`run_tools_call` hands a `tools/call` to the pipeline (`proxy.mcp_calls.handle_tools_call`) with
+`send_upstream` bound to a channel and `notify` bound to the client's reply; `traced` wraps every
+proxied request in its SERVER span and duration metric; `failure_reply` turns an upstream error
+that reached the transport into what the client gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import web
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from policies.answers import outcome_unknown, refused
+from policies.model import UpstreamSpec
+from proxy import metrics
+from proxy.errors import (
+    UpstreamError,
+    UpstreamLost,
+    UpstreamNotReached,
+    UpstreamPressure,
+    UpstreamRefused,
+)
+from proxy.jsonrpc import JsonObject, Message, WireMessage, dumps, error_response
+from proxy.mcp_calls import McpCallContext, handle_tools_call
+from proxy.mcp_headers import (
+    client_response_headers,
+    modern_routing_headers,
+    upstream_request_headers,
+)
+from proxy.mcp_http_upstream import exchange_http
+from proxy.mcp_reply import ClientReply, Relay
+from proxy.mcp_state import MCP_TRANSPORT
+from proxy.mcp_stdio import StdioProcess
+from proxy.state import CONFIG, RUNTIME
+from proxy.telemetry import call_span, child_span, inject_headers
+
+__all__ = [
+    "HttpChannel",
+    "StdioChannel",
+    "UpstreamChannel",
+    "failure_message",
+    "failure_reply",
+    "run_tools_call",
+    "traced",
+]
+
+_INTERNAL_ERROR = -32603
+
+
+class UpstreamChannel(Protocol):
+    """One client request's way to its upstream."""
+
+    async def exchange(
+        self,
+        message: JsonObject,
+        *,
+        raw: bytes | None,
+        relay: Relay,
+        timeout_s: float,
+        cancel: asyncio.Event | None = None,
+    ) -> WireMessage:
+        """Send a request, return its response (raises the `proxy.errors` tree)."""
+
+    async def post(self, message: JsonObject, raw: bytes | None) -> None:
+        """Send a notification or a response (raises `UpstreamError` if it cannot be sent)."""
+
+
+def _unchanged(message: JsonObject, raw: bytes | None) -> bool:
+    # Compared with a fresh parse: the pipeline may have edited the client's dict in place.
+    return raw is not None and json.loads(raw) == message
+
+
+class HttpChannel:
+    """A Streamable HTTP upstream, with the client's allowed headers."""
+
+    def __init__(
+        self,
+        app: web.Application,
+        spec: UpstreamSpec,
+        client_headers: Mapping[str, str],
+        *,
+        modern: bool,
+    ) -> None:
+        self._app = app
+        self._spec = spec
+        self._modern = modern
+        self._session = app[MCP_TRANSPORT].http.session(spec)
+        forward_auth = not app[CONFIG].tenant_api_keys
+        self._headers = upstream_request_headers(
+            client_headers, spec.headers, forward_authorization=forward_auth
+        )
+        url = urlsplit(spec.url or "")
+        self._attributes = {
+            "server.address": url.hostname,
+            "server.port": url.port,
+            "network.transport": "tcp",
+        }
+
+    def _request_headers(self, message: JsonObject, raw: bytes | None) -> dict[str, str]:
+        headers = dict(self._headers)
+        headers["accept"] = "application/json, text/event-stream"
+        headers["content-type"] = "application/json"
+        if self._modern and raw is not None:
+            original = json.loads(raw)
+            if original != message:
+                tool = message.get("params", {}).get("name")
+                param_map = self._app[MCP_TRANSPORT].param_headers.get(self._spec.name, {})
+                headers = modern_routing_headers(headers, original, message, param_map.get(tool))
+        inject_headers(headers)
+        return headers
+
+    async def exchange(
+        self,
+        message: JsonObject,
+        *,
+        raw: bytes | None,
+        relay: Relay,
+        timeout_s: float,
+        cancel: asyncio.Event | None = None,
+    ) -> WireMessage:
+        body = raw if raw is not None and _unchanged(message, raw) else dumps(message)
+        with child_span(
+            "interlock.upstream.attempt", attributes=self._attributes, kind=SpanKind.CLIENT
+        ):
+            return await exchange_http(
+                self._session,
+                self._spec,
+                request_id=message.get("id"),
+                body=body,
+                headers=self._request_headers(message, raw),
+                relay=relay,
+                timeout_s=timeout_s,
+                cancel=cancel,
+            )
+
+    async def post(self, message: JsonObject, raw: bytes | None) -> None:
+        body = raw if raw is not None else dumps(message)
+        headers = self._request_headers(message, None)
+        assert self._spec.url is not None
+        try:
+            async with self._session.post(self._spec.url, data=body, headers=headers) as answer:
+                await answer.read()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise UpstreamNotReached(f"{self._spec.name}: {exc!r}") from exc
+
+
+class StdioChannel:
+    """A stdio process (a session's own, or the shared modern one)."""
+
+    def __init__(self, process: StdioProcess) -> None:
+        self._process = process
+        self._attributes = {"network.transport": "pipe"}
+
+    async def exchange(
+        self,
+        message: JsonObject,
+        *,
+        raw: bytes | None,
+        relay: Relay,
+        timeout_s: float,
+        cancel: asyncio.Event | None = None,
+    ) -> WireMessage:
+        with child_span(
+            "interlock.upstream.attempt", attributes=self._attributes, kind=SpanKind.CLIENT
+        ):
+            return await self._process.exchange(
+                message,
+                raw=raw if raw is not None and _unchanged(message, raw) else None,
+                relay=relay,
+                timeout_s=timeout_s,
+                cancel=cancel,
+            )
+
+    async def post(self, message: JsonObject, raw: bytes | None) -> None:
+        await self._process.send(message, raw)
+
+
+@dataclass
+class CallOutcome:
+    """Filled in by the code inside `traced`: the error type of the call, if it failed."""
+
+    error_type: str | None = None
+
+    def response(self, message: Mapping[str, Any]) -> None:
+        """Note a JSON-RPC error response as the call's error."""
+        error = message.get("error")
+        if isinstance(error, dict):
+            self.error_type = str(error.get("code"))
+
+
+@contextmanager
+def traced(
+    message: Message,
+    spec: UpstreamSpec,
+    headers: Mapping[str, str],
+    *,
+    session_id: str | None,
+    protocol_version: str | None,
+) -> Iterator[CallOutcome]:
+    """The SERVER span and duration metric of one proxied request or notification."""
+    method = message.method or "response"
+    tool = message.params.get("name") if method == "tools/call" else None
+    target = tool if isinstance(tool, str) else spec.name
+    attributes: dict[str, Any] = {
+        "mcp.method.name": method,
+        "mcp.session.id": session_id,
+        "mcp.protocol.version": protocol_version,
+        "jsonrpc.request.id": None if message.id is None else str(message.id),
+        "interlock.upstream": spec.name,
+        "network.transport": "pipe" if spec.kind == "mcp_stdio" else "tcp",
+    }
+    if method == "tools/call":
+        attributes["gen_ai.operation.name"] = "execute_tool"
+        attributes["gen_ai.tool.name"] = target
+    outcome = CallOutcome()
+    started = time.perf_counter()
+    with call_span(
+        f"{method} {target}", attributes=attributes, headers=headers, meta=message.meta
+    ) as span:
+        try:
+            yield outcome
+        except BaseException as exc:
+            outcome.error_type = type(exc).__name__
+            raise
+        finally:
+            if outcome.error_type is not None:
+                span.set_attribute("error.type", outcome.error_type)
+                span.set_status(Status(StatusCode.ERROR))
+            metrics.operation_duration(
+                method, spec.name, time.perf_counter() - started, outcome.error_type
+            )
+
+
+async def run_tools_call(
+    request: web.Request,
+    *,
+    spec: UpstreamSpec,
+    channel: UpstreamChannel,
+    message: Message,
+    raw: bytes | None,
+    reply: ClientReply,
+    gone: asyncio.Event,
+    session_id: str | None,
+    protocol_version: str | None,
+    modern: bool,
+) -> JsonObject:
+    """Run one `tools/call` through the pipeline; return the response message for the client.
+
+    The pipeline runs as its own task: if the handler is cancelled (the client left and the
+    server cancels handlers) the call still finishes and is recorded; `gone` tells it the client
+    is not listening. The task is listed in `RUNTIME.in_flight` so shutdown can drain it.
+
+    Raises:
+        UpstreamError: the pipeline let an upstream failure through (see `failure_reply`).
+    """
+    app = request.app
+    ctx = McpCallContext(
+        app,
+        spec,
+        headers=request.headers,
+        session_id=session_id,
+        protocol_version=protocol_version,
+        client_gone=gone,
+    )
+
+    async def send_upstream(outgoing: JsonObject, timeout_s: float) -> JsonObject:
+        return await channel.exchange(
+            outgoing,
+            raw=raw,
+            relay=reply,
+            timeout_s=timeout_s,
+            cancel=gone if modern else None,
+        )
+
+    async def notify(note: JsonObject) -> None:
+        await reply.message(dumps(note))
+
+    task = asyncio.create_task(handle_tools_call(ctx, message.body, send_upstream, notify))
+    runtime = app.get(RUNTIME)
+    if runtime is not None:
+        runtime.in_flight.add(task)
+        task.add_done_callback(runtime.in_flight.discard)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        gone.set()
+        raise
+
+
+def failure_message(request_id: Any, exc: UpstreamError, spec: UpstreamSpec) -> JsonObject:
+    """The JSON-RPC error of the proxy's own for an upstream failure.
+
+    Unreachable → refused (-32050, `upstream_unreachable`); lost or timed out after sending →
+    outcome unknown (-32053); an HTTP refusal by the upstream → internal error naming the status.
+    """
+    if isinstance(exc, UpstreamPressure | UpstreamRefused):
+        return error_response(
+            request_id,
+            _INTERNAL_ERROR,
+            f"The upstream {spec.name} answered HTTP {exc.status}.",
+            {"reason": "upstream_http_status", "status": exc.status},
+        )
+    if isinstance(exc, UpstreamNotReached):
+        return refused("upstream_unreachable", "upstream", 1.0, upstream_down=True).jsonrpc_error(
+            request_id
+        )
+    if isinstance(exc, UpstreamLost):
+        return outcome_unknown(None, None, str(exc)).jsonrpc_error(request_id)
+    raise exc  # pragma: no cover - the tree has no other leaves
+
+
+async def failure_reply(
+    reply: ClientReply, request_id: Any, exc: UpstreamError, spec: UpstreamSpec
+) -> web.StreamResponse:
+    """What the client gets when an upstream failure reaches the transport.
+
+    An upstream's own HTTP refusal (429/503, 404 "session gone", other 4xx) is passed on as it
+    came (status, retry hints, body) unless the reply is already a stream; anything else is
+    `failure_message`.
+    """
+    if isinstance(exc, UpstreamPressure | UpstreamRefused) and not reply.streaming:
+        return web.Response(
+            status=exc.status, body=exc.body, headers=client_response_headers(exc.headers)
+        )
+    return await reply.finish(dumps(failure_message(request_id, exc, spec)))

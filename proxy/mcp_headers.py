@@ -1,0 +1,146 @@
+"""Which HTTP headers cross the proxy, each way, for MCP (pure allow-lists, no I/O).
+
+Client → upstream: only the MCP transport headers, `Authorization` (unless the proxy itself
+consumes it or the upstream's configured headers set their own), and `User-Agent`. Never `Host`,
+`Origin` (a 2.x server bound to loopback rejects foreign ones), cookies, hop-by-hop headers, the
+proxy's own `X-Interlock-*` / `Idempotency-Key`, or `Accept-Encoding` (the proxy asks upstreams for
+identity encoding so it can read and re-stream the bytes). The configured upstream headers win.
+
+Upstream → client: content type, MCP session and version headers, and the few headers a client
+acts on (`Retry-After`, `WWW-Authenticate`, `Allow`, `Cache-Control`).
+
+Modern-era (2026-07-28) requests mirror the body in headers (`Mcp-Method`, `Mcp-Name`,
+`Mcp-Param-*`); `modern_routing_headers` recomputes them when the pipeline changed the message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mcp.shared.inbound import (
+    MCP_METHOD_HEADER,
+    MCP_NAME_HEADER,
+    MCP_PARAM_HEADER_PREFIX,
+    MCP_PROTOCOL_VERSION_HEADER,
+    NAME_BEARING_METHODS,
+    encode_header_value,
+    mcp_param_headers,
+)
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+__all__ = [
+    "MCP_PROTOCOL_VERSION_HEADER",
+    "MCP_SESSION_ID_HEADER",
+    "client_response_headers",
+    "is_modern",
+    "modern_routing_headers",
+    "upstream_request_headers",
+]
+
+MCP_SESSION_ID_HEADER = "mcp-session-id"
+_PARAM_PREFIX = MCP_PARAM_HEADER_PREFIX.lower()
+
+_TO_UPSTREAM = frozenset(
+    {
+        "accept",
+        "content-type",
+        MCP_SESSION_ID_HEADER,
+        MCP_PROTOCOL_VERSION_HEADER,
+        MCP_METHOD_HEADER,
+        MCP_NAME_HEADER,
+        "last-event-id",
+        "user-agent",
+    }
+)
+_TO_CLIENT = frozenset(
+    {
+        "content-type",
+        MCP_SESSION_ID_HEADER,
+        MCP_PROTOCOL_VERSION_HEADER,
+        "cache-control",
+        "retry-after",
+        "www-authenticate",
+        "allow",
+    }
+)
+
+
+def is_modern(protocol_version: str | None) -> bool:
+    """True for a stateless-era version header (anything that is not a handshake-era version).
+
+    Mirrors the SDK server's routing: unknown versions go to the modern entry, which rejects them
+    with a structured error.
+    """
+    return protocol_version is not None and protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS
+
+
+def upstream_request_headers(
+    client_headers: Mapping[str, str],
+    configured: Mapping[str, str],
+    *,
+    forward_authorization: bool = True,
+) -> dict[str, str]:
+    """The headers to send upstream for a client request (lower-case names)."""
+    out: dict[str, str] = {}
+    for name, value in client_headers.items():
+        lower = name.lower()
+        if (
+            lower in _TO_UPSTREAM
+            or lower.startswith(_PARAM_PREFIX)
+            or (lower == "authorization" and forward_authorization)
+        ):
+            out[lower] = value
+    out["accept-encoding"] = "identity"
+    for name, value in configured.items():
+        out[name.lower()] = value
+    return out
+
+
+def client_response_headers(
+    upstream_headers: Mapping[str, str], *, keep_encoding: bool = False
+) -> dict[str, str]:
+    """The upstream response headers the client gets (no length: the proxy re-streams)."""
+    out: dict[str, str] = {}
+    for name, value in upstream_headers.items():
+        lower = name.lower()
+        if lower in _TO_CLIENT or (keep_encoding and lower == "content-encoding"):
+            out[name] = value
+    return out
+
+
+def modern_routing_headers(
+    headers: Mapping[str, str],
+    original: Mapping[str, Any],
+    message: Mapping[str, Any],
+    param_header_map: Mapping[tuple[str, ...], str] | None,
+) -> dict[str, str]:
+    """Make `Mcp-Method`, `Mcp-Name` and `Mcp-Param-*` agree with `message` (a modern request).
+
+    `original` is the request as the client sent it: when the arguments are unchanged the client's
+    `Mcp-Param-*` headers stay; when they changed they are rebuilt from the tool's schema
+    (`param_header_map`, learned from `tools/list`), or dropped if the schema is unknown.
+    """
+    out = dict(headers)
+    method = message.get("method")
+    params = _params(message)
+    if isinstance(method, str):
+        out[MCP_METHOD_HEADER] = method
+    name_key = NAME_BEARING_METHODS.get(method) if isinstance(method, str) else None
+    if name_key is not None and isinstance(params.get(name_key), str):
+        out[MCP_NAME_HEADER] = encode_header_value(params[name_key])
+    before = _params(original)
+    arguments = params.get("arguments")
+    if arguments != before.get("arguments"):
+        for name in [n for n in out if n.lower().startswith(_PARAM_PREFIX)]:
+            del out[name]
+        if param_header_map and isinstance(arguments, dict):
+            out.update(
+                {k.lower(): v for k, v in mcp_param_headers(param_header_map, arguments).items()}
+            )
+    return out
+
+
+def _params(message: Mapping[str, Any]) -> Mapping[str, Any]:
+    params = message.get("params")
+    return params if isinstance(params, dict) else {}

@@ -1,0 +1,324 @@
+"""One client POST carrying a single JSON-RPC message, forwarded to its MCP upstream.
+
+- `tools/call` requests go through the pipeline (`run_tools_call`), whatever the transport.
+- Anything else to an HTTP upstream is relayed raw (`relay_http`): the client gets the upstream's
+  status, headers and bytes as they stream; `tools/list` answers are tapped to learn annotations,
+  `initialize` answers to remember the session.
+- Anything else to a stdio upstream: `initialize` spawns a process for a new session (the proxy
+  mints its `Mcp-Session-Id`), other requests are exchanged with the session's process (or the
+  shared one in the modern era), notifications and responses are written and acknowledged (202).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from policies.answers import CODE_INVALID_REQUEST, Answer, bad_request
+from policies.model import UpstreamSpec
+from proxy.errors import UpstreamError
+from proxy.jsonrpc import Message, WireMessage, dumps, wire_bytes
+from proxy.mcp_forward import (
+    CallOutcome,
+    HttpChannel,
+    StdioChannel,
+    UpstreamChannel,
+    failure_reply,
+    run_tools_call,
+    traced,
+)
+from proxy.mcp_headers import MCP_SESSION_ID_HEADER, upstream_request_headers
+from proxy.mcp_http_upstream import relay_http
+from proxy.mcp_reply import ClientReply, accepts_sse
+from proxy.mcp_state import MCP_TRANSPORT, McpTransport, SessionInfo, learn_tools
+from proxy.state import CONFIG
+from proxy.telemetry import inject_headers
+
+__all__ = ["Answered", "PostContext", "answer_response", "channel_for", "handle_single"]
+
+
+class Answered(Exception):
+    """Raised with the response to send when a request is answered early (e.g. session gone)."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        super().__init__("answered")
+        self.response = response
+
+
+def answer_response(answer: Answer, request_id: Any = None) -> web.Response:
+    """An answer of the proxy's own as an HTTP response carrying a JSON-RPC error."""
+    return web.Response(
+        status=answer.http_status,
+        body=dumps(answer.jsonrpc_error(request_id)),
+        content_type="application/json",
+    )
+
+
+@dataclass
+class PostContext:
+    """What is known about one client POST once its body is valid."""
+
+    request: web.Request
+    spec: UpstreamSpec
+    raw: bytes
+    protocol_version: str | None
+    session_id: str | None
+    modern: bool
+
+    @property
+    def app(self) -> web.Application:
+        return self.request.app
+
+    @property
+    def transport(self) -> McpTransport:
+        return self.request.app[MCP_TRANSPORT]
+
+    @property
+    def sse_ok(self) -> bool:
+        return accepts_sse(self.request.headers)
+
+    @property
+    def timeout_s(self) -> float:
+        return self.spec.timeout_s or self.request.app[CONFIG].defaults.timeout_s
+
+    def reply(self, gone: asyncio.Event) -> ClientReply:
+        return ClientReply(self.request, sse_ok=self.sse_ok, gone=gone)
+
+
+def _session_missing() -> Answered:
+    return Answered(
+        answer_response(
+            bad_request(
+                CODE_INVALID_REQUEST,
+                "missing_session_id",
+                "This request needs the Mcp-Session-Id of an initialized session.",
+            )
+        )
+    )
+
+
+def _session_gone() -> Answered:
+    return Answered(
+        answer_response(
+            bad_request(
+                CODE_INVALID_REQUEST,
+                "session_not_found",
+                "This MCP session does not exist (any more); initialize a new one.",
+                http_status=404,
+            )
+        )
+    )
+
+
+async def channel_for(pc: PostContext) -> UpstreamChannel:
+    """The upstream channel of this POST.
+
+    Raises:
+        Answered: a stdio session is missing or gone (400 / 404).
+        UpstreamNotReached: the shared stdio process could not be started.
+    """
+    if pc.spec.kind == "mcp_http":
+        return HttpChannel(pc.app, pc.spec, pc.request.headers, modern=pc.modern)
+    if pc.modern:
+        return StdioChannel(await pc.transport.stdio.shared_process(pc.spec))
+    if not pc.session_id:
+        raise _session_missing()
+    process = pc.transport.stdio.session(pc.spec, pc.session_id)
+    if process is None:
+        raise _session_gone()
+    return StdioChannel(process)
+
+
+async def handle_single(pc: PostContext, message: Message) -> web.StreamResponse:
+    """Forward a single-message POST and return the client's response."""
+    if message.kind == "response":
+        return await _forward(pc, message, CallOutcome())
+    with traced(
+        message,
+        pc.spec,
+        pc.request.headers,
+        session_id=pc.session_id,
+        protocol_version=pc.protocol_version,
+    ) as outcome:
+        if message.kind == "request" and message.method == "tools/call":
+            return await _tools_call(pc, message, outcome)
+        return await _forward(pc, message, outcome)
+
+
+async def _forward(pc: PostContext, message: Message, outcome: CallOutcome) -> web.StreamResponse:
+    if pc.spec.kind == "mcp_http":
+        return await _http_passthrough(pc, message, outcome)
+    return await _stdio_passthrough(pc, message, outcome)
+
+
+async def _tools_call(
+    pc: PostContext, message: Message, outcome: CallOutcome
+) -> web.StreamResponse:
+    gone = asyncio.Event()
+    reply = pc.reply(gone)
+    try:
+        channel = await channel_for(pc)
+        with pc.transport.watcher.watch(pc.request, gone):
+            answer = await run_tools_call(
+                pc.request,
+                spec=pc.spec,
+                channel=channel,
+                message=message,
+                raw=pc.raw,
+                reply=reply,
+                gone=gone,
+                session_id=pc.session_id,
+                protocol_version=pc.protocol_version,
+                modern=pc.modern,
+            )
+    except Answered as early:
+        outcome.error_type = str(early.response.status)
+        return early.response
+    except UpstreamError as exc:
+        outcome.error_type = type(exc).__name__
+        return await failure_reply(reply, message.id, exc, pc.spec)
+    outcome.response(answer)
+    return await reply.finish(wire_bytes(answer))
+
+
+# --- HTTP upstreams: raw relay ---
+
+
+def _taps(
+    pc: PostContext, message: Message, outcome: CallOutcome
+) -> tuple[Callable[[WireMessage], None] | None, Callable[[int, Mapping[str, str]], None] | None]:
+    """What to read from the upstream's answer while relaying it (only what the proxy needs)."""
+    if message.method == "tools/list":
+
+        def learn(response: WireMessage) -> None:
+            outcome.response(response)
+            if isinstance(response.get("result"), dict):
+                learn_tools(pc.app, pc.spec.name, response["result"])
+
+        return learn, None
+    if message.method == "initialize":
+        params = message.params
+
+        def opened(status: int, headers: Mapping[str, str]) -> None:
+            session_id = headers.get(MCP_SESSION_ID_HEADER)
+            if status < 300 and session_id:
+                pc.transport.sessions.remember(session_id, _session_info(pc.spec, params))
+
+        return outcome.response, opened
+    return None, None
+
+
+def _session_info(spec: UpstreamSpec, params: Mapping[str, Any]) -> SessionInfo:
+    info = params.get("clientInfo")
+    client: Mapping[str, Any] = info if isinstance(info, dict) else {}
+    version = params.get("protocolVersion")
+    return SessionInfo(
+        upstream=spec.name,
+        protocol_version=version if isinstance(version, str) else None,
+        client_name=client.get("name"),
+        client_version=client.get("version"),
+    )
+
+
+async def _http_passthrough(
+    pc: PostContext, message: Message, outcome: CallOutcome
+) -> web.StreamResponse:
+    headers = upstream_request_headers(
+        pc.request.headers,
+        pc.spec.headers,
+        forward_authorization=not pc.app[CONFIG].tenant_api_keys,
+    )
+    inject_headers(headers)
+    tap, on_start = _taps(pc, message, outcome)
+    gone = asyncio.Event()
+    with pc.transport.watcher.watch(pc.request, gone):
+        try:
+            response = await relay_http(
+                pc.request,
+                pc.transport.http.session(pc.spec),
+                pc.spec,
+                method="POST",
+                headers=headers,
+                body=pc.raw,
+                tap=tap,
+                on_start=on_start,
+                gone=gone,
+            )
+        except UpstreamError as exc:
+            outcome.error_type = type(exc).__name__
+            if message.kind != "request":
+                return web.Response(status=502)
+            return await failure_reply(pc.reply(gone), message.id, exc, pc.spec)
+    if response.status == 404:
+        pc.transport.sessions.forget(pc.session_id)
+    if response.status >= 400 and outcome.error_type is None:
+        outcome.error_type = str(response.status)
+    return response
+
+
+# --- stdio upstreams ---
+
+
+async def _stdio_passthrough(
+    pc: PostContext, message: Message, outcome: CallOutcome
+) -> web.StreamResponse:
+    gone = asyncio.Event()
+    reply = pc.reply(gone)
+    try:
+        if message.kind == "request" and message.method == "initialize" and not pc.modern:
+            return await _stdio_initialize(pc, message, reply, outcome)
+        if pc.modern and message.kind != "request":
+            # The 2026-07-28 wire has no client notifications; the shared process must not see
+            # one client's cancellation of an id that another client also uses.
+            return web.Response(status=202)
+        channel = await channel_for(pc)
+        if message.kind != "request":
+            await channel.post(message.body, pc.raw)
+            return web.Response(status=202)
+        with pc.transport.watcher.watch(pc.request, gone):
+            answer = await channel.exchange(
+                message.body,
+                raw=pc.raw,
+                relay=reply,
+                timeout_s=pc.timeout_s,
+                cancel=gone if pc.modern else None,
+            )
+    except Answered as early:
+        outcome.error_type = str(early.response.status)
+        return early.response
+    except UpstreamError as exc:
+        outcome.error_type = type(exc).__name__
+        if message.kind != "request":
+            return web.Response(status=502)
+        return await failure_reply(reply, message.id, exc, pc.spec)
+    outcome.response(answer)
+    if message.method == "tools/list" and isinstance(answer.get("result"), dict):
+        learn_tools(pc.app, pc.spec.name, answer["result"])
+    return await reply.finish(wire_bytes(answer))
+
+
+async def _stdio_initialize(
+    pc: PostContext, message: Message, reply: ClientReply, outcome: CallOutcome
+) -> web.StreamResponse:
+    """Start a session: a new process, its `initialize` answer, and a session id minted here."""
+    stdio = pc.transport.stdio
+    process = await stdio.spawn_session_process(pc.spec)
+    try:
+        answer = await process.exchange(
+            message.body, raw=pc.raw, relay=reply, timeout_s=pc.timeout_s
+        )
+    except BaseException:
+        await process.close()
+        raise
+    if "result" not in answer:
+        await process.close()
+        outcome.response(answer)
+        return await reply.finish(wire_bytes(answer))
+    session_id = stdio.register_session(process)
+    pc.transport.sessions.remember(session_id, _session_info(pc.spec, message.params))
+    reply.set_header("Mcp-Session-Id", session_id)
+    return await reply.finish(wire_bytes(answer))
