@@ -1,1 +1,33 @@
-"""Interlock."""
+"""The durable side-effect ledger: write-ahead claims keyed by idempotency key, leases with
+fencing tokens, an append-only history, and group commit (see DESIGN.md, "Ledger states")."""
+
+from ledger.errors import (
+    AmbiguousReference,
+    EntryNotFound,
+    IllegalTransition,
+    LedgerError,
+    LedgerUnavailable,
+    StaleToken,
+)
+from ledger.operations import DEFAULT_MAX_ATTEMPTS
+from ledger.states import EntryState
+from ledger.store import LedgerStore, utcnow
+from ledger.views import ClaimKind, ClaimRequest, ClaimResult, EntryView, TransitionView
+
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "AmbiguousReference",
+    "ClaimKind",
+    "ClaimRequest",
+    "ClaimResult",
+    "EntryNotFound",
+    "EntryState",
+    "EntryView",
+    "IllegalTransition",
+    "LedgerError",
+    "LedgerStore",
+    "LedgerUnavailable",
+    "StaleToken",
+    "TransitionView",
+    "utcnow",
+]

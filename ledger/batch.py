@@ -1,0 +1,241 @@
+"""The in-memory working set of one write transaction (pure: no I/O).
+
+The group-commit writer loads every row a batch of operations needs, lets each operation decide
+against these rows in order, and then writes back the new rows, the changed rows and the history
+rows in one transaction. Operations see each other's effects, so fifty claims of one key in one
+batch still yield exactly one "new".
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import secrets
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from typing import Any
+
+from ledger.states import EntryState
+from ledger.views import EntryView
+
+__all__ = [
+    "EntryRow",
+    "Needs",
+    "OpContext",
+    "WorkingSet",
+    "cap_text",
+    "describe_report",
+    "internal_key",
+    "new_entry_id",
+    "stored_outcome",
+]
+
+_INTERNAL_KEY_PREFIX = "none:"
+
+
+@dataclass(slots=True)
+class EntryRow:
+    """A mutable copy of one `ledger_entries` row, living only inside one batch."""
+
+    id: str
+    tenant: str
+    upstream: str
+    tool: str
+    idempotency_key: str
+    key_source: str
+    fingerprint: str
+    arguments: str | None
+    state: str
+    attempt: int
+    owner: str | None
+    lease_expires_at: datetime | None
+    fencing_token: int
+    work_class: str
+    run_id: str | None
+    trace_id: str | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    outcome: bytes | None
+    outcome_hash: str | None
+    outcome_retained: bool
+    error: str | None
+    retry_after_s: float | None
+    note: str | None
+
+    def values(self) -> dict[str, Any]:
+        """The row as column values."""
+        return {name: getattr(self, name) for name in _ROW_FIELDS}
+
+    def view(self) -> EntryView:
+        """The row as the plain value callers see."""
+        key = None if self.idempotency_key == internal_key(self.id) else self.idempotency_key
+        return EntryView(
+            id=self.id,
+            tenant=self.tenant,
+            upstream=self.upstream,
+            tool=self.tool,
+            idempotency_key=key,
+            key_source=self.key_source,
+            fingerprint=self.fingerprint,
+            state=EntryState(self.state),
+            attempt=self.attempt,
+            fencing_token=self.fencing_token,
+            owner=self.owner,
+            lease_expires_at=self.lease_expires_at,
+            work_class=self.work_class,
+            run_id=self.run_id,
+            trace_id=self.trace_id,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            outcome=self.outcome,
+            outcome_hash=self.outcome_hash,
+            outcome_retained=self.outcome_retained,
+            error=self.error,
+            retry_after_s=self.retry_after_s,
+            note=self.note,
+            arguments=self.arguments,
+        )
+
+
+_ROW_FIELDS = tuple(f.name for f in fields(EntryRow))
+
+
+@dataclass(frozen=True, slots=True)
+class OpContext:
+    """What every operation of one batch shares: the transaction's time and the settings."""
+
+    now: datetime
+    owner: str
+    lease_s: float
+    max_outcome_bytes: int
+    max_argument_bytes: int
+
+
+@dataclass(slots=True)
+class Needs:
+    """The rows a batch must load (and lock, on PostgreSQL) before its operations decide."""
+
+    ids: set[str] = field(default_factory=set)
+    keys: set[str] = field(default_factory=set)
+    sweep_limit: int = 0
+
+
+@dataclass(slots=True)
+class WorkingSet:
+    """Rows loaded for one batch, plus what the batch will write back."""
+
+    rows: dict[str, EntryRow] = field(default_factory=dict)
+    expired: list[str] = field(default_factory=list)
+    """Ids of running rows whose lease had expired when the batch loaded them."""
+    new_ids: list[str] = field(default_factory=list)
+    """Rows this batch creates, in creation order."""
+    dirty: set[str] = field(default_factory=set)
+    """Loaded rows this batch changes."""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    loaded: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Column values of each loaded row as read, to write back only what changed."""
+    _by_key: dict[tuple[str, str, str], str] = field(default_factory=dict)
+
+    def load(self, row: EntryRow) -> None:
+        """Add a row read from the database."""
+        self._add(row)
+        self.loaded[row.id] = row.values()
+
+    def _add(self, row: EntryRow) -> None:
+        self.rows[row.id] = row
+        self._by_key[(row.tenant, row.upstream, row.idempotency_key)] = row.id
+
+    def find(self, tenant: str, upstream: str, key: str) -> EntryRow | None:
+        """The row holding this key in this scope, if any."""
+        row_id = self._by_key.get((tenant, upstream, key))
+        return None if row_id is None else self.rows[row_id]
+
+    def insert(self, row: EntryRow) -> None:
+        """Add a row this batch creates."""
+        self._add(row)
+        self.new_ids.append(row.id)
+
+    def touch(self, row: EntryRow, now: datetime) -> None:
+        """Mark a row as changed by this batch."""
+        row.updated_at = now
+        if row.id in self.loaded:
+            self.dirty.add(row.id)
+
+    def changes(self, row_id: str) -> dict[str, Any]:
+        """The columns of a dirty row whose values differ from those loaded."""
+        before = self.loaded[row_id]
+        after = self.rows[row_id].values()
+        return {name: value for name, value in after.items() if before[name] != value}
+
+    def record(
+        self,
+        row: EntryRow,
+        from_state: str | None,
+        *,
+        at: datetime,
+        actor: str,
+        reason: str,
+        evidence: dict[str, Any] | None = None,
+    ) -> None:
+        """Append a history row for `row`, whose state is already the new one."""
+        self.history.append(
+            {
+                "entry_id": row.id,
+                "from_state": from_state,
+                "to_state": row.state,
+                "at": at,
+                "actor": actor,
+                "reason": reason,
+                "attempt": row.attempt,
+                "fencing_token": row.fencing_token,
+                "evidence": None if evidence is None else json.dumps(evidence, sort_keys=True),
+            }
+        )
+
+
+def new_entry_id(now: datetime) -> str:
+    """A 32-hex-digit id that sorts by creation time (milliseconds) and is random after that."""
+    return f"{int(now.timestamp() * 1000):012x}{secrets.token_hex(10)}"
+
+
+def internal_key(entry_id: str) -> str:
+    """The unique key stored for a call without an idempotency key (key mode "none")."""
+    return f"{_INTERNAL_KEY_PREFIX}{entry_id}"
+
+
+def cap_text(text: str | None, max_bytes: int) -> str | None:
+    """`text` cut to at most `max_bytes` UTF-8 bytes, with a marker saying how long it was."""
+    if text is None:
+        return None
+    raw = text.encode()
+    if len(raw) <= max_bytes:
+        return text
+    marker = f"…[truncated, {len(raw)} bytes]"
+    room = max(0, max_bytes - len(marker.encode()))
+    return raw[:room].decode(errors="ignore") + marker
+
+
+def stored_outcome(outcome: bytes | None, max_bytes: int) -> tuple[bytes | None, str | None, bool]:
+    """(bytes to keep, sha256 hex, retained): over `max_bytes` only the hash is kept."""
+    if outcome is None:
+        return None, None, True
+    digest = hashlib.sha256(outcome).hexdigest()
+    if len(outcome) > max_bytes:
+        return None, digest, False
+    return outcome, digest, True
+
+
+def describe_report(outcome: bytes | None, error: str | None, max_bytes: int) -> dict[str, Any]:
+    """Evidence describing a report the ledger refused: the outcome itself when small enough."""
+    evidence: dict[str, Any] = {"error": error}
+    if outcome is not None:
+        evidence["outcome_sha256"] = hashlib.sha256(outcome).hexdigest()
+        evidence["outcome_bytes"] = len(outcome)
+        if len(outcome) <= max_bytes:
+            evidence["outcome_b64"] = base64.b64encode(outcome).decode()
+    return evidence

@@ -1,0 +1,72 @@
+"""Schema migrations with Alembic, configured in code so they work from an installed package.
+
+The migration runs inside one write transaction: `BEGIN IMMEDIATE` on SQLite, and on PostgreSQL
+a transaction-scoped advisory lock, so replicas starting together migrate once, one after another.
+Both backends have transactional DDL, so a migration that dies half-way leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from ledger.db import Engines, translate_errors
+
+__all__ = ["VERSION_TABLE", "alembic_config", "current_revision", "head_revision", "upgrade"]
+
+VERSION_TABLE = "interlock_ledger_version"
+_ADVISORY_LOCK = 0x1E06E5  # any constant shared by every replica
+
+
+def alembic_config(connection: sa.Connection | None = None) -> Config:
+    """An Alembic config whose scripts are the package's `ledger/migrations`."""
+    config = Config()
+    config.set_main_option("script_location", str(Path(__file__).with_name("migrations")))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    """The newest revision the package ships."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:
+        raise RuntimeError("the ledger package ships no migrations")
+    return head
+
+
+async def current_revision(engines: Engines) -> str | None:
+    """The database's revision, or None when it has never been migrated.
+
+    Raises:
+        LedgerUnavailable: the database cannot be read.
+    """
+    with translate_errors("schema check"):
+        async with engines.read.connect() as conn:
+            return await conn.run_sync(_current_revision)
+
+
+def _current_revision(connection: sa.Connection) -> str | None:
+    options = {"version_table": VERSION_TABLE}
+    return MigrationContext.configure(connection, opts=options).get_current_revision()
+
+
+async def upgrade(engines: Engines, revision: str = "head") -> tuple[str | None, str]:
+    """Migrate the database to `revision`; return (revision before, revision after).
+
+    Raises:
+        LedgerUnavailable: the database cannot be written.
+    """
+    with translate_errors("migration"):
+        async with engines.write.begin() as conn:
+            if engines.dialect == "postgresql":
+                await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_ADVISORY_LOCK)))
+            before = await conn.run_sync(_current_revision)
+            await conn.run_sync(lambda sync: command.upgrade(alembic_config(sync), revision))
+            after = await conn.run_sync(_current_revision)
+    return before, after or ""

@@ -1,0 +1,1 @@
+"""Alembic migrations of the ledger schema (configured in code by `ledger.migrate`)."""

@@ -1,0 +1,398 @@
+"""The ledger's write operations as pure decisions over a batch's working set.
+
+Each operation says which rows it needs (`declare`), then decides against the loaded rows
+(`apply`), changing them and appending history, or raising a `LedgerError` that fails only its own
+caller. An operation validates before it changes anything, so a refused operation leaves the
+working set as it found it — except a stale owner's report, which is kept as evidence on purpose.
+
+Fencing tokens: a token names one lease. It is bumped when a lease begins (a claim starts an
+attempt) and whenever the entry changes hands without its holder (lease expiry, mark_unknown,
+operator resolve), so a stale holder's finish can never overwrite a newer decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Literal, Protocol, TypeVar
+
+from ledger.batch import (
+    EntryRow,
+    Needs,
+    OpContext,
+    WorkingSet,
+    cap_text,
+    describe_report,
+    internal_key,
+    new_entry_id,
+    stored_outcome,
+)
+from ledger.errors import EntryNotFound, IllegalTransition, StaleToken
+from ledger.states import NEEDS_RECONCILIATION, TERMINAL, EntryState, check_transition
+from ledger.views import ClaimRequest, ClaimResult, EntryView
+
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "Claim",
+    "Finish",
+    "MarkUnknown",
+    "Operation",
+    "RecordRejection",
+    "Renew",
+    "Resolve",
+    "Sweep",
+]
+
+T_co = TypeVar("T_co", covariant=True)
+DEFAULT_MAX_ATTEMPTS = 3
+"""Retry budget of an entry: an operator retry past this many attempts blocks the entry."""
+
+_S = EntryState
+
+
+class Operation(Protocol[T_co]):
+    """One write, batched with others into a single transaction."""
+
+    def declare(self, needs: Needs) -> None:
+        """Add the rows this operation must see to `needs`."""
+
+    def apply(self, ws: WorkingSet, ctx: OpContext) -> T_co:
+        """Decide against the loaded rows; raise a `LedgerError` to refuse."""
+
+
+def _get(ws: WorkingSet, entry_id: str) -> EntryRow:
+    row = ws.rows.get(entry_id)
+    if row is None:
+        raise EntryNotFound(entry_id)
+    return row
+
+
+def _lease_end(ctx: OpContext) -> timedelta:
+    return timedelta(seconds=ctx.lease_s)
+
+
+def _new_row(req: ClaimRequest, ctx: OpContext, state: EntryState) -> EntryRow:
+    entry_id = new_entry_id(ctx.now)
+    key = req.idempotency_key
+    return EntryRow(
+        id=entry_id,
+        tenant=req.tenant,
+        upstream=req.upstream,
+        tool=req.tool,
+        idempotency_key=internal_key(entry_id) if key is None else key,
+        key_source="none" if key is None else req.key_source,
+        fingerprint=req.fingerprint,
+        arguments=cap_text(req.arguments, ctx.max_argument_bytes),
+        state=state,
+        attempt=0,
+        owner=None,
+        lease_expires_at=None,
+        fencing_token=0,
+        work_class=req.work_class,
+        run_id=req.run_id,
+        trace_id=req.trace_id,
+        created_at=ctx.now,
+        updated_at=ctx.now,
+        started_at=None,
+        finished_at=None,
+        outcome=None,
+        outcome_hash=None,
+        outcome_retained=True,
+        error=None,
+        retry_after_s=None,
+        note=None,
+    )
+
+
+def _start_attempt(row: EntryRow, req: ClaimRequest, ctx: OpContext) -> None:
+    """Make `row` running under a fresh lease owned by `ctx.owner`."""
+    row.state = _S.RUNNING
+    row.attempt += 1
+    row.fencing_token += 1
+    row.owner = ctx.owner
+    row.lease_expires_at = ctx.now + _lease_end(ctx)
+    row.started_at = ctx.now
+    row.finished_at = None
+    row.outcome, row.outcome_hash, row.outcome_retained = None, None, True
+    row.error = None
+    row.retry_after_s = None
+    row.work_class, row.run_id, row.trace_id = req.work_class, req.run_id, req.trace_id
+
+
+def _refuse_stale(
+    ws: WorkingSet, row: EntryRow, ctx: OpContext, token: int, report: Mapping[str, object]
+) -> StaleToken:
+    """Keep a stale holder's report as a note in the history; return the error to raise."""
+    evidence = {"report": report, "token": token, "current_token": row.fencing_token}
+    ws.record(row, row.state, at=ctx.now, actor=ctx.owner, reason="stale_report", evidence=evidence)
+    return StaleToken(row.id, token, row.fencing_token, row.state)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Idempotency check and write-ahead in one step."""
+
+    req: ClaimRequest
+
+    def declare(self, needs: Needs) -> None:
+        if self.req.idempotency_key is not None:
+            needs.keys.add(self.req.idempotency_key)
+
+    def apply(self, ws: WorkingSet, ctx: OpContext) -> ClaimResult:
+        req = self.req
+        row = None
+        if req.idempotency_key is not None:
+            row = ws.find(req.tenant, req.upstream, req.idempotency_key)
+        if row is None:
+            row = _new_row(req, ctx, _S.RUNNING)
+            _start_attempt(row, req, ctx)
+            ws.insert(row)
+            ws.record(row, None, at=ctx.now, actor=ctx.owner, reason="claimed")
+            return ClaimResult("new", row.view())
+        if row.fingerprint != req.fingerprint:
+            return ClaimResult("mismatch", row.view())
+        state = _S(row.state)
+        if state in TERMINAL:
+            return ClaimResult("replay", row.view())
+        if state in NEEDS_RECONCILIATION:
+            return ClaimResult("needs_reconciliation", row.view())
+        # An operator retry leaves the entry accepted with no owner, waiting for this send;
+        # accepted work with an owner is the proxy's own deferred work, already on its way.
+        if state is _S.REJECTED or (state is _S.ACCEPTED and row.owner is None):
+            _start_attempt(row, req, ctx)
+            ws.touch(row, ctx.now)
+            reason = "claimed_after_rejection" if state is _S.REJECTED else "claimed_retry"
+            ws.record(row, state, at=ctx.now, actor=ctx.owner, reason=reason)
+            return ClaimResult("new", row.view())
+        return ClaimResult("in_progress", row.view())
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The owner's report of a confirmed outcome, conditional on its fencing token."""
+
+    entry_id: str
+    token: int
+    state: Literal["succeeded", "failed"]
+    outcome: bytes | None
+    error: str | None
+
+    def declare(self, needs: Needs) -> None:
+        needs.ids.add(self.entry_id)
+
+    def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView:
+        row = _get(ws, self.entry_id)
+        target = _S(self.state)
+        if self.token != row.fencing_token:
+            report = {"op": "finish", "state": self.state}
+            report |= describe_report(self.outcome, self.error, ctx.max_outcome_bytes)
+            raise _refuse_stale(ws, row, ctx, self.token, report)
+        if row.state != _S.RUNNING:
+            raise IllegalTransition(row.id, row.state, target, "the entry is not running")
+        row.state = target
+        row.outcome, row.outcome_hash, row.outcome_retained = stored_outcome(
+            self.outcome, ctx.max_outcome_bytes
+        )
+        row.error = self.error
+        row.finished_at = ctx.now
+        row.lease_expires_at = None
+        ws.touch(row, ctx.now)
+        ws.record(row, _S.RUNNING, at=ctx.now, actor=ctx.owner, reason="finished")
+        return row.view()
+
+
+@dataclass(frozen=True, slots=True)
+class MarkUnknown:
+    """The owner gives up on knowing the outcome (timeout or lost connection after sending)."""
+
+    entry_id: str
+    token: int
+    reason: str
+
+    def declare(self, needs: Needs) -> None:
+        needs.ids.add(self.entry_id)
+
+    def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView:
+        row = _get(ws, self.entry_id)
+        if self.token != row.fencing_token:
+            report = {"op": "mark_unknown", "reason": self.reason}
+            raise _refuse_stale(ws, row, ctx, self.token, report)
+        if row.state != _S.RUNNING:
+            raise IllegalTransition(row.id, row.state, _S.UNKNOWN, "the entry is not running")
+        row.state = _S.UNKNOWN
+        row.fencing_token += 1
+        row.lease_expires_at = None
+        row.error = self.reason
+        ws.touch(row, ctx.now)
+        ws.record(row, _S.RUNNING, at=ctx.now, actor=ctx.owner, reason=self.reason)
+        return row.view()
+
+
+@dataclass(frozen=True, slots=True)
+class Renew:
+    """Extend a running lease by `lease_s` from now; False if the lease is no longer ours."""
+
+    entry_id: str
+    token: int
+
+    def declare(self, needs: Needs) -> None:
+        needs.ids.add(self.entry_id)
+
+    def apply(self, ws: WorkingSet, ctx: OpContext) -> bool:
+        row = ws.rows.get(self.entry_id)
+        if row is None or row.fencing_token != self.token or row.state != _S.RUNNING:
+            return False
+        row.lease_expires_at = ctx.now + _lease_end(ctx)
+        ws.touch(row, ctx.now)
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRejection:
+    """A refusal as a durable fact. Returns None when the key already names a live entry."""
+
+    req: ClaimRequest
+    reason: str
+    scope: str
+    retry_after_s: float
+
+    def declare(self, needs: Needs) -> None:
+        if self.req.idempotency_key is not None:
+            needs.keys.add(self.req.idempotency_key)
+
+    def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView | None:
+        req = self.req
+        evidence = {"reason": self.reason, "scope": self.scope, "retry_after_s": self.retry_after_s}
+        row = None
+        if req.idempotency_key is not None:
+            row = ws.find(req.tenant, req.upstream, req.idempotency_key)
+        if row is None:
+            row = _new_row(req, ctx, _S.REJECTED)
+            row.error, row.retry_after_s = self.reason, self.retry_after_s
+            ws.insert(row)
+            ws.record(row, None, at=ctx.now, actor=ctx.owner, reason="rejected", evidence=evidence)
+            return row.view()
+        if row.state != _S.REJECTED or row.fingerprint != req.fingerprint:
+            return None  # never clobber a live or finished entry (nor another call's key)
+        row.error, row.retry_after_s = self.reason, self.retry_after_s
+        ws.touch(row, ctx.now)
+        ws.record(
+            row,
+            _S.REJECTED,
+            at=ctx.now,
+            actor=ctx.owner,
+            reason="rejected_again",
+            evidence=evidence,
+        )
+        return row.view()
+
+
+@dataclass(frozen=True, slots=True)
+class Resolve:
+    """An operator's reconciliation: succeeded, failed, or retry (a new attempt, same key).
+
+    A retry of an entry that has already used `max_attempts` attempts blocks it instead (from
+    unknown or failed); a blocked entry is retried only with a larger `max_attempts`.
+    """
+
+    entry_id: str
+    as_: Literal["succeeded", "failed", "retry"]
+    note: str | None
+    actor: str
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+
+    def declare(self, needs: Needs) -> None:
+        needs.ids.add(self.entry_id)
+
+    def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView:
+        row = _get(ws, self.entry_id)
+        before = _S(row.state)
+        evidence: dict[str, object] = {"note": self.note, "attempt": row.attempt}
+        if self.as_ == "retry":
+            target = self._retry_target(row, before)
+            evidence |= {
+                "max_attempts": self.max_attempts,
+                "previous_error": row.error,
+                "previous_outcome_sha256": row.outcome_hash,
+            }
+        else:
+            target = _S(self.as_)
+            if before not in NEEDS_RECONCILIATION:
+                raise IllegalTransition(
+                    row.id, before, target, "only unknown or blocked entries are resolved"
+                )
+            check_transition(row.id, before, target)
+        row.state = target
+        row.note = self.note
+        row.fencing_token += 1
+        row.lease_expires_at = None
+        if target is _S.ACCEPTED:
+            row.owner = None  # waits for the caller's next send (see Claim)
+        if target in TERMINAL:
+            row.finished_at = ctx.now
+        ws.touch(row, ctx.now)
+        ws.record(
+            row,
+            before,
+            at=ctx.now,
+            actor=self.actor,
+            reason=f"resolved_{self.as_}",
+            evidence=evidence,
+        )
+        return row.view()
+
+    def _retry_target(self, row: EntryRow, before: EntryState) -> EntryState:
+        if before not in (_S.UNKNOWN, _S.FAILED, _S.BLOCKED):
+            raise IllegalTransition(
+                row.id, before, _S.ACCEPTED, "only unknown, failed or blocked entries are retried"
+            )
+        if row.attempt < self.max_attempts:
+            return _S.ACCEPTED
+        if before is _S.BLOCKED:
+            raise IllegalTransition(
+                row.id,
+                before,
+                _S.ACCEPTED,
+                f"retry budget spent ({row.attempt} of {self.max_attempts} attempts); "
+                "resolve as succeeded or failed, or allow more attempts",
+            )
+        return _S.BLOCKED
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """Turn running entries whose lease expired into unknown, bumping their fencing token."""
+
+    limit: int = 500
+
+    def declare(self, needs: Needs) -> None:
+        needs.sweep_limit = max(needs.sweep_limit, self.limit)
+
+    def apply(self, ws: WorkingSet, ctx: OpContext) -> int:
+        swept = 0
+        for entry_id in ws.expired[: self.limit]:
+            row = ws.rows[entry_id]
+            lease = row.lease_expires_at
+            if row.state != _S.RUNNING or lease is None or lease >= ctx.now:
+                continue  # an earlier operation of this batch renewed or finished it
+            evidence = {
+                "owner": row.owner,
+                "lease_expires_at": lease.isoformat(),
+                "stale_token": row.fencing_token,
+            }
+            row.state = _S.UNKNOWN
+            row.fencing_token += 1
+            row.lease_expires_at = None
+            row.error = "lease expired"
+            ws.touch(row, ctx.now)
+            ws.record(
+                row,
+                _S.RUNNING,
+                at=ctx.now,
+                actor=f"sweeper:{ctx.owner}",
+                reason="lease_expired",
+                evidence=evidence,
+            )
+            swept += 1
+        return swept

@@ -1,0 +1,231 @@
+"""Every SQL statement the ledger issues, for SQLite and PostgreSQL alike.
+
+Writes arrive here as a finished `WorkingSet`: new rows are inserted with ON CONFLICT DO NOTHING
+so that, when two processes create the same key at once, the unique constraint picks the winner
+and the loser learns it from the ids that came back. Rows a batch will change are read with
+`FOR UPDATE` (PostgreSQL; SQLite's `BEGIN IMMEDIATE` already holds the database's write lock), so
+the decisions made in Python cannot be raced by another process before the commit.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ledger.batch import EntryRow, Needs, WorkingSet
+from ledger.errors import AmbiguousReference, EntryNotFound
+from ledger.states import PURGEABLE, EntryState
+from ledger.tables import metadata
+from ledger.views import TransitionView
+
+__all__ = [
+    "count_by_state",
+    "find_entry",
+    "flush",
+    "history",
+    "list_entries",
+    "load",
+    "ping",
+    "purge",
+    "stats",
+]
+
+ENTRIES = metadata.tables["ledger_entries"]
+TRANSITIONS = metadata.tables["ledger_transitions"]
+_MIN_PREFIX = 6
+_FIND_LIMIT = 6
+
+
+def _row(mapping: sa.RowMapping) -> EntryRow:
+    return EntryRow(**mapping)
+
+
+def _locking(stmt: sa.Select[Any], dialect: str, *, skip_locked: bool = False) -> sa.Select[Any]:
+    if dialect != "postgresql":
+        return stmt
+    return stmt.with_for_update(skip_locked=skip_locked)
+
+
+async def load(
+    conn: AsyncConnection, needs: Needs, ws: WorkingSet, *, now: datetime, dialect: str
+) -> None:
+    """Read (and on PostgreSQL lock, in id order) every row `needs` names into `ws`."""
+    selects = []
+    if needs.ids:
+        selects.append(sa.select(ENTRIES).where(ENTRIES.c.id.in_(sorted(needs.ids))))
+    if needs.keys:
+        # Filtered on the key alone (the unique index's first column); `ws.find` checks the scope.
+        selects.append(sa.select(ENTRIES).where(ENTRIES.c.idempotency_key.in_(sorted(needs.keys))))
+    for stmt in selects:
+        result = await conn.execute(_locking(stmt.order_by(ENTRIES.c.id), dialect))
+        for mapping in result.mappings():
+            ws.load(_row(mapping))
+    if needs.sweep_limit:
+        stmt = (
+            sa.select(ENTRIES)
+            .where(ENTRIES.c.state == EntryState.RUNNING, ENTRIES.c.lease_expires_at < now)
+            .order_by(ENTRIES.c.id)
+            .limit(needs.sweep_limit)
+        )
+        # Skip rows another replica holds: it is finishing, renewing or sweeping them itself.
+        result = await conn.execute(_locking(stmt, dialect, skip_locked=True))
+        for mapping in result.mappings():
+            if mapping["id"] not in ws.rows:
+                ws.load(_row(mapping))
+            ws.expired.append(mapping["id"])
+
+
+async def flush(conn: AsyncConnection, ws: WorkingSet, *, dialect: str) -> bool:
+    """Write the batch's new rows, changed rows and history rows.
+
+    Returns False, having written only part of the batch, when another transaction committed one
+    of the new keys first: the caller rolls back and runs the batch again, which then sees it.
+    """
+    if ws.new_ids and not await _insert_new(conn, ws, dialect):
+        return False
+    by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for row_id in sorted(ws.dirty):
+        changes = ws.changes(row_id)
+        params = {f"new_{name}": value for name, value in changes.items()}
+        params["match_id"] = row_id
+        by_columns.setdefault(tuple(changes), []).append(params)
+    for columns, params_list in by_columns.items():
+        await conn.execute(_update_statement(columns), params_list)
+    if ws.history:
+        await conn.execute(sa.insert(TRANSITIONS), ws.history)
+    return True
+
+
+async def _insert_new(conn: AsyncConnection, ws: WorkingSet, dialect: str) -> bool:
+    new_rows = [ws.rows[i] for i in ws.new_ids]
+    # A fixed order, so that two batches inserting the same keys wait rather than deadlock.
+    new_rows.sort(key=lambda r: (r.idempotency_key, r.tenant, r.upstream))
+    values = [r.values() for r in new_rows]
+    if dialect == "postgresql":
+        stmt = postgresql.insert(ENTRIES).on_conflict_do_nothing().returning(ENTRIES.c.id)
+        inserted = len((await conn.execute(stmt, values)).scalars().all())
+    else:
+        # SQLite reports an executemany's row count; without RETURNING the statement is
+        # prepared once rather than rebuilt for every batch size.
+        plain = sqlite.insert(ENTRIES).on_conflict_do_nothing()
+        inserted = (await conn.execute(plain, values)).rowcount
+    return inserted == len(new_rows)
+
+
+@functools.lru_cache(maxsize=64)
+def _update_statement(columns: tuple[str, ...]) -> sa.Update:
+    """UPDATE of these columns of one row by id (an executemany statement)."""
+    return (
+        sa.update(ENTRIES)
+        .where(ENTRIES.c.id == sa.bindparam("match_id", type_=ENTRIES.c.id.type))
+        .values({c: sa.bindparam(f"new_{c}", type_=ENTRIES.c[c].type) for c in columns})
+    )
+
+
+async def ping(conn: AsyncConnection) -> None:
+    """One round trip that touches the ledger's table."""
+    await conn.execute(sa.select(sa.func.count()).select_from(ENTRIES).where(sa.false()))
+
+
+async def find_entry(conn: AsyncConnection, reference: str) -> EntryRow:
+    """The entry named by an id, an idempotency key, or a unique id prefix (≥ 6 hex digits).
+
+    Raises:
+        EntryNotFound: nothing matches.
+        AmbiguousReference: the key or prefix names several entries.
+    """
+    for condition in _reference_conditions(reference):
+        stmt = sa.select(ENTRIES).where(condition).order_by(ENTRIES.c.id).limit(_FIND_LIMIT)
+        rows = [_row(m) for m in (await conn.execute(stmt)).mappings()]
+        if len(rows) == 1:
+            return rows[0]
+        if rows:
+            raise AmbiguousReference(reference, [r.id for r in rows])
+    raise EntryNotFound(reference)
+
+
+def _reference_conditions(reference: str) -> Iterable[sa.ColumnElement[bool]]:
+    yield ENTRIES.c.id == reference
+    yield ENTRIES.c.idempotency_key == reference
+    lowered = reference.lower()
+    if len(lowered) >= _MIN_PREFIX and all(ch in "0123456789abcdef" for ch in lowered):
+        yield ENTRIES.c.id.startswith(lowered, autoescape=True)
+
+
+async def history(conn: AsyncConnection, entry_id: str) -> list[TransitionView]:
+    """An entry's history rows, oldest first."""
+    stmt = (
+        sa.select(TRANSITIONS).where(TRANSITIONS.c.entry_id == entry_id).order_by(TRANSITIONS.c.id)
+    )
+    return [_transition(m) for m in (await conn.execute(stmt)).mappings()]
+
+
+def _transition(m: sa.RowMapping) -> TransitionView:
+    return TransitionView(
+        id=m["id"],
+        entry_id=m["entry_id"],
+        from_state=None if m["from_state"] is None else EntryState(m["from_state"]),
+        to_state=EntryState(m["to_state"]),
+        at=m["at"],
+        actor=m["actor"],
+        reason=m["reason"],
+        attempt=m["attempt"],
+        fencing_token=m["fencing_token"],
+        evidence=None if m["evidence"] is None else json.loads(m["evidence"]),
+    )
+
+
+async def list_entries(
+    conn: AsyncConnection,
+    *,
+    states: Sequence[str] = (),
+    upstream: str | None = None,
+    tenant: str | None = None,
+    since: datetime | None = None,
+    limit: int = 100,
+) -> list[EntryRow]:
+    """Entries matching every given filter, newest first."""
+    stmt = sa.select(ENTRIES)
+    if states:
+        stmt = stmt.where(ENTRIES.c.state.in_(list(states)))
+    if upstream is not None:
+        stmt = stmt.where(ENTRIES.c.upstream == upstream)
+    if tenant is not None:
+        stmt = stmt.where(ENTRIES.c.tenant == tenant)
+    if since is not None:
+        stmt = stmt.where(ENTRIES.c.created_at >= since)
+    stmt = stmt.order_by(ENTRIES.c.created_at.desc(), ENTRIES.c.id.desc()).limit(limit)
+    return [_row(m) for m in (await conn.execute(stmt)).mappings()]
+
+
+async def stats(conn: AsyncConnection) -> dict[tuple[str, str], int]:
+    """Entry counts by (state, upstream)."""
+    stmt = sa.select(ENTRIES.c.state, ENTRIES.c.upstream, sa.func.count()).group_by(
+        ENTRIES.c.state, ENTRIES.c.upstream
+    )
+    return {(state, upstream): n for state, upstream, n in await conn.execute(stmt)}
+
+
+async def count_by_state(conn: AsyncConnection) -> dict[str, int]:
+    """Entry counts by state."""
+    stmt = sa.select(ENTRIES.c.state, sa.func.count()).group_by(ENTRIES.c.state)
+    return {str(state): int(n) for state, n in await conn.execute(stmt)}
+
+
+async def purge(conn: AsyncConnection, *, before: datetime) -> int:
+    """Delete closed entries (succeeded, failed, rejected) last changed before `before`.
+
+    Their history goes with them (ON DELETE CASCADE). Open entries are never purged.
+    """
+    stmt = sa.delete(ENTRIES).where(
+        ENTRIES.c.state.in_(sorted(PURGEABLE)), ENTRIES.c.updated_at < before
+    )
+    result = await conn.execute(stmt)
+    return int(result.rowcount)

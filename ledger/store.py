@@ -1,0 +1,321 @@
+"""`LedgerStore`: the ledger's one interface for the proxy and the CLI.
+
+Writes go through the group-commit writer (one transaction and one fsync per batch); reads use
+their own short connection each. Every method that touches the database raises
+`LedgerUnavailable` when it cannot, so callers fail closed on one exception type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ledger import queries
+from ledger.batch import OpContext
+from ledger.db import Engines, open_engines, translate_errors
+from ledger.errors import LedgerError, LedgerUnavailable
+from ledger.migrate import current_revision, head_revision, upgrade
+from ledger.operations import (
+    DEFAULT_MAX_ATTEMPTS,
+    Claim,
+    Finish,
+    MarkUnknown,
+    RecordRejection,
+    Renew,
+    Resolve,
+    Sweep,
+)
+from ledger.states import EntryState
+from ledger.views import ClaimRequest, ClaimResult, EntryView, TransitionView
+from ledger.writer import GroupCommitWriter
+from policies.model import LedgerSettings
+
+__all__ = ["LedgerStore", "utcnow"]
+
+_log = logging.getLogger(__name__)
+_GROUP_COMMIT_MAX_BATCH = 256
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC (the default clock)."""
+    return datetime.now(UTC)
+
+
+class LedgerStore:
+    """The durable side-effect ledger. Open with `await LedgerStore.open(...)`; close when done."""
+
+    def __init__(
+        self,
+        engines: Engines,
+        settings: LedgerSettings,
+        *,
+        owner: str,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self._engines = engines
+        self._settings = settings
+        self._owner = owner
+        self._clock = clock
+        max_batch = _GROUP_COMMIT_MAX_BATCH if settings.group_commit else 1
+        self._writer = GroupCommitWriter(engines, self._context, max_batch=max_batch)
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        settings: LedgerSettings,
+        *,
+        owner: str,
+        migrate: bool = True,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> LedgerStore:
+        """Connect, migrate the schema to head (or with `migrate=False` check it is there).
+
+        `owner` is this replica's id: it owns the leases of the entries it claims.
+
+        Raises:
+            LedgerUnavailable: the database cannot be reached, or its schema is not current.
+            LedgerError: the URL is not usable.
+        """
+        if clock().utcoffset() is None:
+            raise LedgerError("the ledger clock must return timezone-aware datetimes")
+        engines = open_engines(settings)
+        try:
+            if migrate:
+                await upgrade(engines)
+            else:
+                await _check_schema(engines)
+        except BaseException:
+            await engines.dispose()
+            raise
+        return cls(engines, settings, owner=owner, clock=clock)
+
+    async def close(self) -> None:
+        """Commit what is queued, then release every connection."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._writer.close()
+        finally:
+            await self._engines.dispose()
+
+    @property
+    def owner(self) -> str:
+        """This replica's id."""
+        return self._owner
+
+    @property
+    def settings(self) -> LedgerSettings:
+        """The settings this store was opened with."""
+        return self._settings
+
+    # -- writes (group-committed) -------------------------------------------------------------
+
+    async def claim(self, req: ClaimRequest) -> ClaimResult:
+        """Check the idempotency key and, for a new attempt, write `running` ahead of the call.
+
+        "new": the entry is running, owned by this replica under a fresh lease and fencing
+        token, committed before this returns. "replay": finished with the same fingerprint;
+        the entry carries the stored outcome. "in_progress": running (or the proxy's own
+        accepted work). "mismatch": the key was used with other arguments. "needs_reconciliation":
+        unknown or blocked.
+
+        Raises:
+            LedgerUnavailable: nothing was decided; the call must not be forwarded.
+        """
+        return await self._writer.submit(Claim(req))
+
+    async def finish(
+        self,
+        entry_id: str,
+        token: int,
+        *,
+        state: Literal["succeeded", "failed"],
+        outcome: bytes | None,
+        error: str | None = None,
+    ) -> EntryView:
+        """Record the confirmed outcome of a running entry this token owns.
+
+        Outcomes over `max_outcome_bytes` keep only their sha256 (`outcome_retained=False`).
+
+        Raises:
+            StaleToken: the lease was taken away (the report is kept in the history).
+            IllegalTransition: the entry is not running.
+            EntryNotFound: no such entry.
+            LedgerUnavailable: the outcome could not be recorded.
+        """
+        if state not in ("succeeded", "failed"):
+            raise ValueError(f"finish state must be succeeded or failed, not {state!r}")
+        return await self._writer.submit(Finish(entry_id, token, state, outcome, error))
+
+    async def mark_unknown(self, entry_id: str, token: int, *, reason: str) -> EntryView:
+        """The owner no longer knows whether the call took effect: running → unknown.
+
+        Raises:
+            StaleToken, IllegalTransition, EntryNotFound, LedgerUnavailable: as for `finish`.
+        """
+        return await self._writer.submit(MarkUnknown(entry_id, token, reason))
+
+    async def renew(self, entry_id: str, token: int) -> bool:
+        """Extend the lease by `lease_s` from now; False if it is no longer this token's."""
+        return await self._writer.submit(Renew(entry_id, token))
+
+    async def record_rejection(
+        self, req: ClaimRequest, *, reason: str, scope: str, retry_after_s: float
+    ) -> EntryView | None:
+        """Record a refusal as a `rejected` entry (batched with other writes).
+
+        Returns None, writing nothing, when the key already names an entry in another state or
+        with another fingerprint: a refusal never overwrites a live or finished entry.
+        """
+        return await self._writer.submit(RecordRejection(req, reason, scope, retry_after_s))
+
+    async def resolve(
+        self,
+        entry_or_key: str,
+        *,
+        as_: Literal["succeeded", "failed", "retry"],
+        note: str | None,
+        actor: str,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    ) -> EntryView:
+        """An operator's reconciliation of an unknown or blocked entry (retry: also failed).
+
+        `retry` makes the entry `accepted`; the caller's next send with the same key and
+        fingerprint runs it as the next attempt. When the entry has already used
+        `max_attempts` attempts, `retry` blocks it instead.
+
+        Raises:
+            EntryNotFound, AmbiguousReference: the reference names no single entry.
+            IllegalTransition: the entry's state does not allow this resolution.
+            LedgerUnavailable: nothing was changed.
+        """
+        if as_ not in ("succeeded", "failed", "retry"):
+            raise ValueError(f"resolve as succeeded, failed or retry, not {as_!r}")
+        async with self._reading("lookup") as conn:
+            row = await queries.find_entry(conn, entry_or_key)
+        return await self._writer.submit(Resolve(row.id, as_, note, actor, max_attempts))
+
+    async def sweep_expired(self, limit: int = 500) -> int:
+        """Turn running entries whose lease expired into unknown; return how many.
+
+        Safe with several processes on one database: rows are locked (PostgreSQL) or the
+        database is (SQLite) while the decision is made, and another replica's locked rows
+        are skipped.
+        """
+        return await self._writer.submit(Sweep(limit))
+
+    async def sweep_forever(self, interval_s: float | None = None) -> None:
+        """Sweep every `interval_s` (default `sweep_interval_s`) until cancelled.
+
+        A sweep that fails is logged and tried again at the next interval.
+        """
+        interval = self._settings.sweep_interval_s if interval_s is None else interval_s
+        while True:
+            try:
+                swept = await self.sweep_expired()
+            except LedgerUnavailable as error:
+                _log.warning("ledger sweep failed: %s", error)
+            else:
+                if swept:
+                    _log.info("ledger sweep: %d expired lease(s) → unknown", swept)
+            await asyncio.sleep(interval)
+
+    async def purge(self, *, older_than: timedelta | None = None) -> int:
+        """Delete succeeded, failed and rejected entries unchanged for `older_than`.
+
+        The default is `retention_h`. Their keys become free again. Open entries (accepted,
+        running, unknown, blocked) are never purged. Returns the number deleted.
+        """
+        age = older_than if older_than is not None else timedelta(hours=self._settings.retention_h)
+        with translate_errors("purge"):
+            async with self._engines.write.begin() as conn:
+                return await queries.purge(conn, before=self._clock() - age)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def ping(self) -> None:
+        """Return if the ledger can be read.
+
+        Raises:
+            LedgerUnavailable: it cannot.
+        """
+        async with self._reading("ping") as conn:
+            await queries.ping(conn)
+
+    async def get(self, entry_or_key: str) -> tuple[EntryView, list[TransitionView]]:
+        """An entry (by id, idempotency key, or unique id prefix) and its history.
+
+        Raises:
+            EntryNotFound, AmbiguousReference, LedgerUnavailable.
+        """
+        async with self._reading("read") as conn:
+            row = await queries.find_entry(conn, entry_or_key)
+            history = await queries.history(conn, row.id)
+        return row.view(), history
+
+    async def list_entries(
+        self,
+        *,
+        state: EntryState | str | Sequence[EntryState | str] | None = None,
+        upstream: str | None = None,
+        tenant: str | None = None,
+        since: datetime | None = None,
+        limit: int = 100,
+    ) -> list[EntryView]:
+        """Entries matching every given filter, newest first."""
+        states = [] if state is None else [state] if isinstance(state, str) else list(state)
+        async with self._reading("list") as conn:
+            rows = await queries.list_entries(
+                conn,
+                states=[EntryState(s).value for s in states],
+                upstream=upstream,
+                tenant=tenant,
+                since=since,
+                limit=limit,
+            )
+        return [row.view() for row in rows]
+
+    async def stats(self) -> dict[tuple[str, str], int]:
+        """Entry counts by (state, upstream)."""
+        async with self._reading("stats") as conn:
+            return await queries.stats(conn)
+
+    async def count_by_state(self) -> dict[str, int]:
+        """Entry counts by state; every state is present, zero when empty."""
+        async with self._reading("stats") as conn:
+            counts = await queries.count_by_state(conn)
+        return {state.value: counts.get(state.value, 0) for state in EntryState}
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _context(self) -> OpContext:
+        return OpContext(
+            now=self._clock(),
+            owner=self._owner,
+            lease_s=self._settings.lease_s,
+            max_outcome_bytes=self._settings.max_outcome_bytes,
+            max_argument_bytes=self._settings.max_argument_bytes,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _reading(self, what: str) -> AsyncIterator[AsyncConnection]:
+        with translate_errors(what):
+            async with self._engines.read.connect() as conn:
+                yield conn
+
+
+async def _check_schema(engines: Engines) -> None:
+    found, wanted = await current_revision(engines), head_revision()
+    if found != wanted:
+        raise LedgerUnavailable(
+            f"the ledger schema is at revision {found or '(none)'}, this version needs {wanted}: "
+            "run `interlock ledger migrate`"
+        )

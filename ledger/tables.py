@@ -1,0 +1,86 @@
+"""The ledger's schema as SQLModel tables. Only `ledger.queries` reads or writes them.
+
+`ledger_entries` holds one row per side effect, unique on its idempotency key within its scope
+(tenant, upstream): the database, not Python, decides which of two racing claims wins.
+`ledger_transitions` is the append-only audit trail: one row per move, and notes for refused
+reports. The Alembic migrations under `ledger/migrations/versions` create exactly these; a test
+compares the two.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+from ledger.states import EntryState
+
+__all__ = ["LedgerEntry", "LedgerTransition", "metadata"]
+
+metadata = SQLModel.metadata
+
+_STATES = ", ".join(f"'{state.value}'" for state in EntryState)
+_BIGINT = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite rowids are INTEGER
+
+
+class LedgerEntry(SQLModel, table=True):
+    """One side-effecting call, keyed by (tenant, upstream, idempotency key)."""
+
+    __tablename__ = "ledger_entries"
+    __table_args__ = (
+        # Key first so a lookup by key alone (`ledger show KEY`) uses this index too.
+        sa.UniqueConstraint("idempotency_key", "tenant", "upstream", name="uq_ledger_key_scope"),
+        sa.CheckConstraint(f"state IN ({_STATES})", name="ck_ledger_entries_state"),
+        sa.Index("ix_ledger_entries_state_lease", "state", "lease_expires_at"),
+        sa.Index("ix_ledger_entries_state_updated", "state", "updated_at"),
+        sa.Index("ix_ledger_entries_upstream_state", "upstream", "state"),
+        sa.Index("ix_ledger_entries_tenant_created", "tenant", "created_at"),
+        sa.Index("ix_ledger_entries_created", "created_at"),
+    )
+
+    id: str = Field(primary_key=True, max_length=32)
+    tenant: str
+    upstream: str
+    tool: str
+    idempotency_key: str
+    key_source: str = Field(max_length=16)
+    fingerprint: str = Field(max_length=64)
+    arguments: str | None = Field(default=None, sa_type=sa.Text)
+    state: str = Field(max_length=16)
+    attempt: int
+    owner: str | None = None
+    lease_expires_at: datetime | None = None
+    fencing_token: int = Field(sa_type=_BIGINT)
+    work_class: str = Field(max_length=32)
+    run_id: str | None = None
+    trace_id: str | None = None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    outcome: bytes | None = Field(default=None, sa_type=sa.LargeBinary)
+    outcome_hash: str | None = Field(default=None, max_length=64)
+    outcome_retained: bool = True
+    error: str | None = Field(default=None, sa_type=sa.Text)
+    retry_after_s: float | None = None
+    note: str | None = Field(default=None, sa_type=sa.Text)
+
+
+class LedgerTransition(SQLModel, table=True):
+    """One appended row of an entry's history: a move, or a note when from == to."""
+
+    __tablename__ = "ledger_transitions"
+    __table_args__ = (sa.Index("ix_ledger_transitions_entry", "entry_id", "id"),)
+
+    id: int | None = Field(default=None, primary_key=True, sa_type=_BIGINT)
+    entry_id: str = Field(foreign_key="ledger_entries.id", ondelete="CASCADE", max_length=32)
+    from_state: str | None = Field(default=None, max_length=16)
+    to_state: str = Field(max_length=16)
+    at: datetime
+    actor: str
+    reason: str
+    attempt: int
+    fencing_token: int = Field(sa_type=_BIGINT)
+    evidence: str | None = Field(default=None, sa_type=sa.Text)
+    """JSON text."""

@@ -1,0 +1,92 @@
+"""Plain values that cross the ledger's boundary; no ORM object ever leaves `ledger/`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from ledger.states import EntryState
+
+__all__ = ["ClaimKind", "ClaimRequest", "ClaimResult", "EntryView", "TransitionView"]
+
+ClaimKind = Literal["new", "replay", "in_progress", "mismatch", "needs_reconciliation"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """A side-effecting call that wants to run (or that admission refused)."""
+
+    tenant: str
+    upstream: str
+    tool: str
+    """MCP tool name, or "POST /v1/..." for HTTP upstreams."""
+    idempotency_key: str | None
+    """`None` = key mode "none": always a new entry."""
+    key_source: str
+    """"explicit" | "derived" | "none"."""
+    fingerprint: str
+    """sha256 hex of the canonical arguments."""
+    arguments: str | None = None
+    """Redacted JSON text; the ledger caps its size (`LedgerSettings.max_argument_bytes`)."""
+    work_class: str = "interactive"
+    run_id: str | None = None
+    trace_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EntryView:
+    """One ledger entry as plain values. Datetimes are timezone-aware UTC."""
+
+    id: str
+    tenant: str
+    upstream: str
+    tool: str
+    idempotency_key: str | None
+    """`None` for key_source "none" (the row holds a unique internal key instead)."""
+    key_source: str
+    fingerprint: str
+    state: EntryState
+    attempt: int
+    fencing_token: int
+    owner: str | None
+    lease_expires_at: datetime | None
+    work_class: str
+    run_id: str | None
+    trace_id: str | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    outcome: bytes | None
+    outcome_hash: str | None
+    outcome_retained: bool
+    """False when the outcome was over `max_outcome_bytes` and only its sha256 was kept."""
+    error: str | None
+    retry_after_s: float | None
+    note: str | None
+    arguments: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionView:
+    """One row of an entry's append-only history. `from_state == to_state` marks a note."""
+
+    id: int
+    entry_id: str
+    from_state: EntryState | None
+    to_state: EntryState
+    at: datetime
+    actor: str
+    reason: str
+    attempt: int
+    fencing_token: int
+    evidence: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    """The answer to a claim. For "new" the entry is `running`, committed, owned by the caller."""
+
+    kind: ClaimKind
+    entry: EntryView
