@@ -102,10 +102,15 @@ class Message:
 
 @dataclass(frozen=True, slots=True)
 class Body:
-    """A parsed client POST body: one message, or a batch (a JSON array) of them."""
+    """A parsed client POST body: one message, or a batch (a JSON array) of them.
+
+    In a batch, each invalid element is answered on its own (`errors`, JSON-RPC error responses)
+    and the valid ones still go through, as JSON-RPC 2.0 prescribes.
+    """
 
     messages: tuple[Message, ...]
     batch: bool
+    errors: tuple[JsonObject, ...] = ()
 
     @property
     def single(self) -> Message:
@@ -132,8 +137,25 @@ def parse_body(raw: bytes) -> Body:
     if isinstance(value, list):
         if not value:
             raise _invalid("empty_batch", "An empty JSON-RPC batch is not a valid request.")
-        return Body(tuple(_validate(item) for item in value), batch=True)
+        return _parse_batch(value)
     return Body((_validate(value),), batch=False)
+
+
+def _parse_batch(items: list[Any]) -> Body:
+    messages: list[Message] = []
+    errors: list[JsonObject] = []
+    first_error: InvalidBody | None = None
+    for item in items:
+        try:
+            messages.append(_validate(item))
+        except InvalidBody as exc:
+            first_error = first_error or exc
+            item_id = item.get("id") if isinstance(item, dict) else None
+            errors.append(exc.answer.jsonrpc_error(item_id if _valid_id(item_id) else None))
+    if not messages:
+        assert first_error is not None
+        raise first_error
+    return Body(tuple(messages), batch=True, errors=tuple(errors))
 
 
 def _valid_id(value: Any) -> bool:

@@ -62,6 +62,7 @@ async def handle_batch(pc: PostContext, body: Body) -> web.StreamResponse:
             except UpstreamError as exc:
                 log.warning("%s: batch element not delivered: %s", pc.spec.name, exc)
         answers = await asyncio.gather(*calls)
+    answers += [dumps(error) for error in body.errors]
     if not answers:
         return await reply.accepted()
     return await reply.finish_many(answers)

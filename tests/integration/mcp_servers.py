@@ -186,6 +186,7 @@ class _Pressure:
     retry_after: str | None = "1"
     methods: tuple[str, ...] = ("tools/call",)
     rejected: int = 0
+    mcp_requests: int = 0  # every HTTP request that reached /mcp (the "nothing forwarded" checks)
 
 
 class _PressureWrapper:
@@ -216,10 +217,13 @@ class _PressureWrapper:
                 for name in self.state.__dataclass_fields__:
                     setattr(self.state, name, getattr(fresh, name))
                 self.pressure.rejected = 0
+                self.pressure.mcp_requests = 0
             else:
                 self._configure(json.loads(body or b"{}"))
             await _send_json(send, 200, {"ok": True})
             return
+        if path == "/mcp":
+            self.pressure.mcp_requests += 1
         if method == "POST" and self.pressure.reject_next > 0:
             body = await _read_body(receive)
             if _method_of(body) in self.pressure.methods:

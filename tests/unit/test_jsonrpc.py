@@ -1,0 +1,309 @@
+"""The MCP wire format, pure: JSON-RPC parsing and validation, SSE framing, header allow-lists."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from policies.answers import CODE_INVALID_REQUEST, CODE_PARSE_ERROR
+from proxy.jsonrpc import (
+    InvalidBody,
+    WireMessage,
+    dumps,
+    id_key,
+    kind_of,
+    parse_body,
+    progress_token,
+    read_upstream_message,
+    wire_bytes,
+)
+from proxy.mcp_headers import (
+    client_response_headers,
+    is_modern,
+    modern_routing_headers,
+    upstream_request_headers,
+)
+from proxy.mcp_sse import SseParser, format_comment, format_event
+
+
+def _code(raw: bytes) -> tuple[int, str, int]:
+    with pytest.raises(InvalidBody) as caught:
+        parse_body(raw)
+    answer = caught.value.answer
+    return answer.code, answer.data["reason"], answer.http_status
+
+
+# --- JSON-RPC bodies ---
+
+
+def test_single_request_notification_and_response_are_classified():
+    """A request, a notification and a response each parse to a one-message body of their kind."""
+    request = parse_body(b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}')
+    note = parse_body(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
+    response = parse_body(b'{"jsonrpc":"2.0","id":"e1","result":{"action":"accept"}}')
+    assert (request.batch, request.single.kind, request.single.id) == (False, "request", 1)
+    assert note.single.kind == "notification"
+    assert note.single.id is None
+    assert response.single.kind == "response"
+
+
+def test_malformed_json_is_a_parse_error():
+    """Bytes that are not JSON (or not UTF-8) are -32700 with HTTP 400."""
+    assert _code(b'{"jsonrpc": "2.0", "id": 1,') == (CODE_PARSE_ERROR, "parse_error", 400)
+    assert _code(b"\xff\xfe") == (CODE_PARSE_ERROR, "parse_error", 400)
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b'"hello"', "not_an_object"),
+        (b'{"id": 1, "method": "ping"}', "bad_jsonrpc_version"),
+        (b'{"jsonrpc": "1.0", "id": 1, "method": "ping"}', "bad_jsonrpc_version"),
+        (b'{"jsonrpc": "2.0", "id": 1, "method": ""}', "bad_method"),
+        (b'{"jsonrpc": "2.0", "id": 1, "method": 7}', "bad_method"),
+        (b'{"jsonrpc": "2.0", "id": true, "method": "ping"}', "bad_id"),
+        (b'{"jsonrpc": "2.0", "id": null, "method": "ping"}', "bad_id"),
+        (b'{"jsonrpc": "2.0", "id": 1.5, "method": "ping"}', "bad_id"),
+        (b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": [1]}', "bad_params"),
+        (b'{"jsonrpc": "2.0", "id": 1, "result": {}, "error": {}}', "not_jsonrpc"),
+        (b'{"jsonrpc": "2.0", "id": 1, "error": {"message": "x"}}', "bad_error"),
+        (b'{"jsonrpc": "2.0", "result": {}}', "not_jsonrpc"),
+        (b"[]", "empty_batch"),
+    ],
+)
+def test_json_that_is_not_jsonrpc_is_an_invalid_request(raw: bytes, reason: str):
+    """Each way of being valid JSON but not a JSON-RPC 2.0 message gets -32600 and its reason."""
+    assert _code(raw) == (CODE_INVALID_REQUEST, reason, 400)
+
+
+def test_batch_answers_invalid_elements_individually():
+    """A batch keeps its valid elements and turns each invalid one into its own error response."""
+    body = parse_body(
+        b'[{"jsonrpc":"2.0","id":1,"method":"ping"},'
+        b'{"jsonrpc":"2.0","id":2,"method":""},'
+        b'{"jsonrpc":"2.0","method":"notifications/x"}, 5]'
+    )
+    assert body.batch
+    assert [m.kind for m in body.messages] == ["request", "notification"]
+    assert [(e["id"], e["error"]["code"]) for e in body.errors] == [
+        (2, CODE_INVALID_REQUEST),
+        (None, CODE_INVALID_REQUEST),
+    ]
+
+
+def test_batch_of_only_invalid_elements_is_rejected_whole():
+    """A batch with no valid element at all is one -32600 answer."""
+    assert _code(b'[1, {"jsonrpc": "2.0"}]')[0] == CODE_INVALID_REQUEST
+
+
+def test_message_accessors_tolerate_missing_params():
+    """params and _meta read as empty objects when absent; the id keeps its JSON type."""
+    message = parse_body(b'{"jsonrpc":"2.0","id":"7","method":"ping"}').single
+    assert (message.params, message.meta, message.id, message.method) == ({}, {}, "7", "ping")
+
+
+def test_upstream_messages_are_read_leniently():
+    """Upstream lines that are not JSON-RPC messages read as None instead of raising."""
+    assert read_upstream_message(b"not json") is None
+    assert read_upstream_message(b"[1,2]") is None
+    assert read_upstream_message(b'{"hello": 1}') is None
+    message = read_upstream_message('{"jsonrpc":"2.0","id":3,"result":{}}')
+    assert message == {"jsonrpc": "2.0", "id": 3, "result": {}}
+    assert kind_of(message) == "response"
+
+
+def test_kind_of_and_progress_token():
+    """Kinds come from the members; the progress token is read from a request's _meta or a note."""
+    request = {"jsonrpc": "2.0", "id": 1, "method": "x", "params": {"_meta": {"progressToken": 9}}}
+    note = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": "a"}}
+    assert (kind_of(request), kind_of(note), kind_of({"id": 1})) == (
+        "request",
+        "notification",
+        None,
+    )
+    assert (progress_token(request), progress_token(note)) == (9, "a")
+    assert progress_token({"params": {"_meta": {"progressToken": True}}}) is None
+
+
+def test_id_keys_keep_numbers_and_strings_apart():
+    """The id 1 and the id "1" are different requests."""
+    assert id_key(1) != id_key("1")
+    assert id_key(1) == id_key(1)
+
+
+def test_unchanged_wire_message_keeps_its_exact_bytes():
+    """An unchanged WireMessage is written as the bytes it came as, spacing and escapes included."""
+    raw = b'{"jsonrpc": "2.0", "id": 1, "result": {"text": "caf\\u00e9"}}'
+    message = read_upstream_message(raw)
+    assert message is not None
+    assert wire_bytes(message) == raw
+
+
+def test_edited_wire_message_is_reencoded():
+    """A WireMessage changed in place, even deep inside, is re-encoded rather than sent stale."""
+    message = WireMessage({"id": 1, "result": {"content": [{"text": "a"}]}}, b"{}")
+    message["result"]["content"][0]["text"] = "b"
+    assert json.loads(wire_bytes(message))["result"]["content"][0]["text"] == "b"
+    assert wire_bytes({"a": "é"}) == dumps({"a": "é"}) == '{"a":"é"}'.encode()
+
+
+# --- SSE ---
+
+
+def _stream() -> bytes:
+    return (
+        b": ping\r\n\r\n"
+        b"id: 0\r\ndata: \r\n\r\n"
+        b'event: message\ndata: {"a":1}\n\n'
+        b"event: message\rdata: line1\rdata: line2\rretry: 500\r\r"
+        b'event: message\r\ndata: {"id":2}\r\n: inside\r\n\r\n'
+    )
+
+
+def test_sse_parser_reads_all_line_ending_styles_and_comments():
+    """CRLF, LF and CR streams, comments, priming events and multi-line data all parse."""
+    events = SseParser().feed(_stream())
+    assert [e.comment for e in events] == [True, False, False, False, False]
+    assert events[1].id == "0"
+    assert events[1].data == ""
+    assert events[2].data == '{"a":1}'
+    assert (events[3].data, events[3].retry) == ("line1\nline2", 500)
+    assert events[4].data == '{"id":2}'
+    assert events[4].raw.endswith(b": inside\r\n\r\n")
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(_stream())), max_size=12))
+def test_sse_parser_result_does_not_depend_on_chunking(cuts: list[int]):
+    """However the bytes are split into chunks, the same events come out, raw bytes included."""
+    data = _stream()
+    whole = SseParser().feed(data)
+    parser = SseParser()
+    pieces: list = []
+    bounds = [0, *sorted(cuts), len(data)]
+    for start, end in itertools.pairwise(bounds):
+        pieces += parser.feed(data[start:end])
+    assert pieces == whole
+
+
+def test_sse_parser_bounds_an_event_that_never_ends():
+    """A stream that never ends its event raises instead of buffering without limit."""
+    parser = SseParser(max_event_bytes=64)
+    with pytest.raises(ValueError):
+        parser.feed(b"data: " + b"x" * 100)
+
+
+def test_format_event_round_trips_through_the_parser():
+    """A formatted event (multi-line data included) parses back to the same data."""
+    data = b'{"jsonrpc":"2.0"}\n{"second": true}'
+    (event,) = SseParser().feed(format_event(data, event_id="7"))
+    assert (event.data.encode(), event.id, event.event) == (data, "7", "message")
+    (comment,) = SseParser().feed(format_comment())
+    assert comment.comment
+
+
+# --- headers ---
+
+
+CLIENT_HEADERS = {
+    "Host": "proxy:8787",
+    "Origin": "http://evil.example",
+    "Cookie": "a=b",
+    "Accept": "application/json, text/event-stream",
+    "Content-Type": "application/json",
+    "Accept-Encoding": "gzip",
+    "Mcp-Session-Id": "s1",
+    "MCP-Protocol-Version": "2025-11-25",
+    "Mcp-Param-Region": "eu",
+    "Authorization": "Bearer client",
+    "X-Interlock-Tenant": "t1",
+    "Idempotency-Key": "k1",
+    "Connection": "keep-alive",
+    "Traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+}
+
+
+def test_only_allowed_headers_go_upstream():
+    """Host, Origin, cookies, hop-by-hop, trace and the proxy's own headers never go upstream."""
+    headers = upstream_request_headers(CLIENT_HEADERS, {})
+    assert set(headers) == {
+        "accept",
+        "content-type",
+        "accept-encoding",
+        "mcp-session-id",
+        "mcp-protocol-version",
+        "mcp-param-region",
+        "authorization",
+    }
+    assert headers["accept-encoding"] == "identity"
+
+
+def test_configured_headers_win_and_authorization_can_be_withheld():
+    """Configured upstream headers override the client's; Authorization may be withheld."""
+    headers = upstream_request_headers(
+        CLIENT_HEADERS, {"Authorization": "Bearer upstream"}, forward_authorization=False
+    )
+    assert headers["authorization"] == "Bearer upstream"
+    assert "authorization" not in upstream_request_headers(
+        CLIENT_HEADERS, {}, forward_authorization=False
+    )
+
+
+def test_response_headers_drop_length_and_encoding():
+    """The client gets the MCP and retry headers, never a stale length or encoding."""
+    upstream = {
+        "Content-Type": "text/event-stream",
+        "Content-Length": "12",
+        "Content-Encoding": "gzip",
+        "Mcp-Session-Id": "s1",
+        "Retry-After": "2",
+        "Set-Cookie": "x=y",
+        "Transfer-Encoding": "chunked",
+    }
+    assert set(client_response_headers(upstream)) == {
+        "Content-Type",
+        "Mcp-Session-Id",
+        "Retry-After",
+    }
+    assert "Content-Encoding" in client_response_headers(upstream, keep_encoding=True)
+
+
+def test_era_follows_the_version_header():
+    """Handshake-era versions and no header are not modern; 2026-07-28 and unknown ones are."""
+    assert not is_modern(None)
+    assert not is_modern("2025-06-18")
+    assert is_modern("2026-07-28")
+    assert is_modern("2099-01-01")
+
+
+def _call(name: str, arguments: dict) -> dict:
+    return {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": arguments},
+    }
+
+
+def test_modern_headers_follow_a_changed_message():
+    """A renamed tool updates Mcp-Name (base64 when not plain ASCII); unchanged args keep params."""
+    headers = {"mcp-method": "tools/call", "mcp-name": "old", "mcp-param-region": "eu"}
+    original = _call("old", {"region": "eu"})
+    changed = _call("café", {"region": "eu"})
+    out = modern_routing_headers(headers, original, changed, None)
+    assert out["mcp-name"].startswith("=?base64?")
+    assert out["mcp-param-region"] == "eu"
+
+
+def test_modern_param_headers_are_rebuilt_when_arguments_change():
+    """Changed arguments rebuild Mcp-Param-* from the schema map, or drop them without one."""
+    headers = {"mcp-method": "tools/call", "mcp-name": "t", "mcp-param-region": "eu"}
+    original = _call("t", {"region": "eu"})
+    changed = _call("t", {"region": "us"})
+    rebuilt = modern_routing_headers(headers, original, changed, {("region",): "Region"})
+    assert rebuilt["mcp-param-region"] == "us"
+    dropped = modern_routing_headers(headers, original, changed, None)
+    assert "mcp-param-region" not in dropped
