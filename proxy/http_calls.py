@@ -1,0 +1,406 @@
+"""The HTTP pipeline: classify → budget → admit → claim (side effects) → forward → record → reply.
+
+One `HttpCall` per proxied request. Read-only and inference calls go `_run_plain`; side-effecting
+ones go `_run_side_effect`, which writes the `running` entry ahead of the first upstream byte and
+records what became of it. Both use `proxy.http_attempts` for the attempts (retries, each with an
+admission slot) and for relaying the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from opentelemetry.trace import Span
+from yarl import URL
+
+from ledger import ClaimRequest, LedgerError, LedgerStore, LedgerUnavailable, StaleToken
+from policies import answers
+from policies.admission import AdmissionRequest, Refusal
+from policies.answers import Answer
+from policies.attributes import RequestAttributes
+from policies.classify import Classification
+from policies.keys import KeyDecision, decide_key
+from policies.model import UpstreamSpec, WorkClass
+from policies.token_budget import TokenBudget
+from proxy import metrics, telemetry
+from proxy.errors import (
+    UpstreamError,
+    UpstreamLost,
+    UpstreamNotReached,
+    UpstreamPressure,
+    UpstreamTimeout,
+)
+from proxy.http_attempts import (
+    CLIENT_GONE,
+    admit,
+    cooldown_remaining,
+    forward,
+    is_sse,
+    relay,
+)
+from proxy.http_forward import Downstream, encode_outcome, replay_response
+from proxy.leases import keep_lease
+from proxy.scheduler import AdmissionRefused, Slot
+from proxy.state import CONFIG, LEDGER
+from proxy.usage import Usage
+
+__all__ = ["TOKEN_BUDGET", "HttpCall", "run_http_call"]
+
+TOKEN_BUDGET = web.AppKey("token_budget", TokenBudget)
+
+
+@dataclass
+class HttpCall:
+    """One proxied HTTP request and what the pipeline learned about it so far."""
+
+    app: web.Application
+    request: web.Request
+    upstream: UpstreamSpec
+    target: URL
+    tool: str
+    """"METHOD /path" as policy rules and the ledger name it."""
+    attrs: RequestAttributes
+    policy: Classification
+    body: bytes | aiohttp.StreamReader | None
+    payload: Any
+    deadline: float
+    span: Span
+    downstream: Downstream
+    request_model: str | None = None
+    key: KeyDecision | None = None
+    slot: Slot | None = None
+    attempts: int = 0
+    usage: Usage | None = None
+
+    @property
+    def work_class(self) -> WorkClass:
+        return self.policy.work_class or self.attrs.work_class
+
+    @property
+    def retryable_body(self) -> bool:
+        """A streamed request body is consumed by the first attempt: no retry is possible."""
+        return not isinstance(self.body, aiohttp.StreamReader)
+
+    def admission(self) -> AdmissionRequest:
+        now = time.monotonic()
+        return AdmissionRequest(
+            tenant=self.attrs.tenant,
+            work_class=self.work_class,
+            upstream=self.upstream.name,
+            run_id=self.attrs.run_id,
+            cost_class=self.policy.cost_class,
+            tool=self.tool,
+            side_effect=self.policy.side_effect,
+            deadline=self.deadline,
+            arrived_at=now,
+        )
+
+    def claim_request(self) -> ClaimRequest:
+        assert self.key is not None
+        return ClaimRequest(
+            tenant=self.attrs.tenant,
+            upstream=self.upstream.name,
+            tool=self.tool,
+            idempotency_key=self.key.key,
+            key_source=self.key.source,
+            fingerprint=self.key.fingerprint,
+            arguments=None,  # request bodies may carry secrets; the fingerprint identifies them
+            work_class=self.work_class,
+            run_id=self.attrs.run_id,
+            trace_id=telemetry.current_trace_id(),
+        )
+
+    def release_slot(self) -> None:
+        if self.slot is not None:
+            self.slot.release()
+            self.slot = None
+
+    async def answer(
+        self, answer: Answer, headers: dict[str, str] | None = None
+    ) -> web.StreamResponse:
+        self.span.set_attribute("http.response.status_code", answer.http_status)
+        self.span.set_attribute("error.type", str(answer.data.get("reason", answer.code)))
+        return await self.downstream.answer(answer, headers)
+
+
+# -------------------------------------------------------------------------------- pipeline
+
+
+async def run_http_call(call: HttpCall) -> web.StreamResponse:
+    """Answer one proxied request (the caller's response, already sent or ready to send)."""
+    if call.policy.costly and (refused := _over_budget(call)) is not None:
+        return await call.answer(refused)
+    if call.policy.side_effect:
+        call.key = _decide_key(call)
+        call.span.set_attribute("interlock.idempotency.key_hash", telemetry.hash_key(call.key.key))
+    try:
+        call.slot = await admit(call)
+    except AdmissionRefused as exc:
+        if call.policy.side_effect:
+            await _record_rejection(call, exc.refusal)
+        return await call.answer(_refusal_answer(call, exc.refusal))
+    try:
+        if call.policy.side_effect:
+            return await _run_side_effect(call)
+        return await _run_plain(call)
+    finally:
+        call.release_slot()
+
+
+async def _run_plain(call: HttpCall) -> web.StreamResponse:
+    try:
+        opened = await forward(call)
+    except AdmissionRefused as exc:
+        return await call.answer(_refusal_answer(call, exc.refusal))
+    except UpstreamPressure as exc:
+        return await _answer_pressure(call, exc)
+    except UpstreamError as exc:
+        return await call.answer(_failure_answer(exc))
+    try:
+        await relay(call, opened, collect=False)
+    except UpstreamError as exc:
+        return await call.downstream.fail(_failure_answer(exc), event_stream=is_sse(opened))
+    finally:
+        opened.response.release()
+    _record_usage(call)
+    return await _end(call)
+
+
+async def _run_side_effect(call: HttpCall) -> web.StreamResponse:
+    handle = call.app[LEDGER]
+    key = call.key.key if call.key else None
+    if handle.store is None:
+        return await call.answer(answers.ledger_unavailable(handle.error or "not open", key))
+    store = handle.store
+    try:
+        with telemetry.child_span("interlock.ledger.claim") as span:
+            claim = await store.claim(call.claim_request())
+            span.set_attribute("interlock.idempotency.outcome", claim.kind)
+    except LedgerUnavailable as exc:
+        return await call.answer(answers.ledger_unavailable(str(exc), key))
+    entry = claim.entry
+    outcome = "replayed" if claim.kind == "replay" else claim.kind
+    call.span.set_attributes(
+        {
+            "interlock.idempotency.outcome": outcome,
+            "interlock.ledger.entry_id": entry.id,
+            "interlock.ledger.state": str(entry.state),
+            "interlock.attempt": entry.attempt,
+        }
+    )
+    if claim.kind == "replay":
+        call.release_slot()
+        return replay_response(
+            entry.outcome, state=str(entry.state), entry_id=entry.id, idempotency_key=key
+        )
+    if claim.kind == "in_progress":
+        return await call.answer(answers.in_progress(key, entry.id, str(entry.state)))
+    if claim.kind == "mismatch":
+        return await call.answer(answers.key_mismatch(key, entry.id))
+    if claim.kind == "needs_reconciliation":
+        return await call.answer(answers.needs_reconciliation(key, entry.id, str(entry.state)))
+    async with keep_lease(store, entry.id, entry.fencing_token, call.app[CONFIG].ledger.lease_s):
+        return await _forward_and_record(call, store, entry.id, entry.fencing_token)
+
+
+async def _forward_and_record(
+    call: HttpCall, store: LedgerStore, entry_id: str, token: int
+) -> web.StreamResponse:
+    key = call.key.key if call.key else None
+    ledger = _EntryRecorder(call, store, entry_id, token)
+    try:
+        opened = await forward(call)
+    except AdmissionRefused as exc:
+        await ledger.release(f"retry refused: {exc.refusal.reason}", exc.refusal.retry_after_s)
+        return await call.answer(_refusal_answer(call, exc.refusal))
+    except (UpstreamNotReached, UpstreamPressure) as exc:
+        await ledger.release(f"not executed: {exc}", cooldown_remaining(call) or None)
+        if isinstance(exc, UpstreamPressure):
+            return await _answer_pressure(call, exc)
+        return await call.answer(_failure_answer(exc))
+    except UpstreamLost as exc:
+        detail = "timed out" if isinstance(exc, UpstreamTimeout) else "connection lost"
+        await ledger.unknown(f"{detail}: {exc}")
+        return await call.answer(answers.outcome_unknown(key, entry_id, detail))
+    except BaseException:
+        # cancelled (shutdown) or a bug after write-ahead: the call may have been sent
+        await ledger.unknown("interrupted after write-ahead")
+        raise
+    try:
+        if opened.response.status >= 500:  # it may have acted before failing
+            detail = f"upstream answered HTTP {opened.response.status}"
+            await ledger.unknown(detail)
+            return await call.answer(answers.outcome_unknown(key, entry_id, detail))
+        body = await relay(call, opened, collect=True)
+    except UpstreamError as exc:
+        await ledger.unknown(f"answer cut off: {exc}")
+        failure = answers.outcome_unknown(key, entry_id, "answer cut off")
+        return await call.downstream.fail(failure, event_stream=is_sse(opened))
+    except BaseException:
+        await ledger.unknown("interrupted while relaying the answer")
+        raise
+    finally:
+        opened.response.release()
+    status = opened.response.status
+    if status >= 400:  # the upstream refused it without acting: the key may be sent again
+        await ledger.release(f"not executed: upstream answered HTTP {status}", None)
+    else:
+        outcome = encode_outcome(status, opened.response.headers.items(), body)
+        await ledger.finish(outcome)
+    return await _end(call)
+
+
+def _refusal_answer(call: HttpCall, refusal: Refusal) -> Answer:
+    """429, or 503 when the upstream's cooldown outlasts the caller's deadline."""
+    remaining = call.deadline - time.monotonic()
+    down = refusal.reason == "cooldown" and refusal.retry_after_s > remaining
+    key = call.key.key if call.key else None
+    return answers.refused(
+        refusal.reason,
+        refusal.scope,
+        refusal.retry_after_s,
+        idempotency_key=key,
+        upstream_down=down,
+    )
+
+
+async def _record_rejection(call: HttpCall, refusal: Refusal) -> None:
+    store = call.app[LEDGER].store
+    if store is None:
+        return
+    with contextlib.suppress(LedgerError):  # a refusal stays a refusal if it cannot be recorded
+        await store.record_rejection(
+            call.claim_request(),
+            reason=refusal.reason,
+            scope=refusal.scope,
+            retry_after_s=refusal.retry_after_s,
+        )
+
+
+def _over_budget(call: HttpCall) -> Answer | None:
+    budget = call.app[TOKEN_BUDGET]
+    verdict = budget.check(call.attrs.tenant)
+    if verdict.allowed:
+        return None
+    scope = f"tenant:{call.attrs.tenant}"
+    metrics.budget_exhausted(call.attrs.tenant)
+    metrics.refusal("budget", scope, call.upstream.name)
+    call.span.set_attributes(
+        {
+            "interlock.admission.decision": "rejected",
+            "interlock.admission.reason": "budget",
+            "interlock.admission.scope": scope,
+        }
+    )
+    return answers.refused("budget", scope, verdict.retry_after_s)
+
+
+def _decide_key(call: HttpCall) -> KeyDecision:
+    arguments = call.payload
+    if arguments is None and isinstance(call.body, bytes) and call.body:
+        arguments = {"body_sha256": hashlib.sha256(call.body).hexdigest()}
+    return decide_key(
+        call.policy.key,
+        explicit=call.attrs.idempotency_key,
+        tenant=call.attrs.tenant,
+        upstream=call.upstream.name,
+        tool=call.tool,
+        arguments=arguments,
+        run_id=call.attrs.run_id,
+    )
+
+
+async def _answer_pressure(call: HttpCall, error: UpstreamPressure) -> web.StreamResponse:
+    """The upstream pushed back and no retry was left: tell the caller when to come back."""
+    remaining = cooldown_remaining(call)
+    headers = {k: v for k, v in error.headers.items() if k.lower() == "x-should-retry"}
+    if remaining > 0:
+        scope = f"upstream:{call.upstream.name}"
+        metrics.refusal("cooldown", scope, call.upstream.name)
+        key = call.key.key if call.key else None
+        answer = answers.refused(
+            "cooldown", scope, remaining, idempotency_key=key, upstream_down=error.status != 429
+        )
+        return await call.answer(answer, headers)
+    return await call.answer(
+        answers.upstream_failed("upstream_pressure", f"upstream answered HTTP {error.status}"),
+        headers,
+    )
+
+
+def _failure_answer(error: UpstreamError) -> Answer:
+    if isinstance(error, UpstreamNotReached):
+        return answers.upstream_failed("upstream_unreachable", str(error))
+    if isinstance(error, UpstreamTimeout):
+        return replace(answers.upstream_failed("upstream_timeout", str(error)), http_status=504)
+    return answers.upstream_failed("upstream_lost", str(error))
+
+
+def _record_usage(call: HttpCall) -> None:
+    usage = call.usage
+    if usage is None:
+        return
+    call.app[TOKEN_BUDGET].record(call.attrs.tenant, usage.total_tokens)
+    attributes: dict[str, Any] = {
+        "gen_ai.usage.input_tokens": usage.input_tokens,
+        "gen_ai.usage.output_tokens": usage.output_tokens,
+    }
+    if usage.model:
+        attributes["gen_ai.response.model"] = usage.model
+    call.span.set_attributes(attributes)
+
+
+async def _end(call: HttpCall) -> web.StreamResponse:
+    response = call.downstream.response
+    assert response is not None
+    call.span.set_attribute("http.response.status_code", response.status)
+    with contextlib.suppress(*CLIENT_GONE):
+        await call.downstream.end()
+    return response
+
+
+# --------------------------------------------------------------------------------- ledger
+
+
+class _EntryRecorder:
+    """Writes what became of a running entry; the ledger failing never fails the answer."""
+
+    def __init__(self, call: HttpCall, store: LedgerStore, entry_id: str, token: int) -> None:
+        self._call, self._store, self._id, self._token = call, store, entry_id, token
+
+    async def finish(self, outcome: bytes) -> None:
+        await self._write(
+            "succeeded",
+            self._store.finish(self._id, self._token, state="succeeded", outcome=outcome),
+        )
+
+    async def unknown(self, reason: str) -> None:
+        await self._write("unknown", self._store.mark_unknown(self._id, self._token, reason=reason))
+
+    async def release(self, reason: str, retry_after_s: float | None) -> None:
+        await self._write(
+            "rejected",
+            self._store.release_unsent(
+                self._id, self._token, reason=reason, retry_after_s=retry_after_s
+            ),
+        )
+
+    async def _write(self, state: str, operation: Any) -> None:
+        span = self._call.span
+        try:
+            with telemetry.child_span("interlock.ledger.finish", attributes={"to": state}):
+                # shielded: a caller that goes away must not leave the entry `running`
+                await asyncio.shield(operation)
+            span.set_attribute("interlock.ledger.state", state)
+        except StaleToken as exc:
+            span.set_attribute("interlock.ledger.state", str(exc.state))
+        except LedgerError as exc:
+            # the lease runs out and the sweeper marks the entry unknown: the record stays honest
+            span.set_attribute("interlock.ledger.error", str(exc))
