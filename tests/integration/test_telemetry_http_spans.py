@@ -1,0 +1,171 @@
+"""HTTP (model API) calls through the proxy as span trees at a real OTLP/HTTP receiver.
+
+Real parts: an aiohttp client → the proxy (`create_app`, in-process) → the fake model provider (a
+real aiohttp server); spans exported by the proxy's SDK to `OtlpReceiver`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import ClientSession
+
+from policies.model import TelemetrySettings
+from proxy.otel_setup import TelemetryHandle, configure_telemetry
+from proxy.telemetry import hash_key
+from tests.integration.fake_provider import FakeProvider, running_provider
+from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan, SpanNode
+from tests.integration.proxy_harness import running_proxy
+
+PROMPT = "summarise the confidential board minutes"
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[OtlpReceiver]:
+    async with OtlpReceiver() as r:
+        yield r
+
+
+@pytest.fixture
+async def traced(receiver: OtlpReceiver) -> AsyncIterator[TelemetryHandle]:
+    settings = TelemetrySettings(service_name="interlock", otlp_endpoint=receiver.endpoint)
+    handle = configure_telemetry(settings, enabled=True, set_global=False, schedule_delay_s=0.02)
+    yield handle
+    await asyncio.to_thread(handle.shutdown)
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[FakeProvider]:
+    async with running_provider() as p:
+        yield p
+
+
+def config(provider: FakeProvider) -> str:
+    return f"""
+        ledger: {{url: "sqlite:///ledger.db"}}
+        defaults: {{timeout_s: 5, deadline_s: 10}}
+        upstreams:
+          llm:
+            http: "{provider.url}"
+        """
+
+
+class Caller:
+    def __init__(self) -> None:
+        self.trace_id = secrets.token_hex(16)
+        self.span_id = secrets.token_hex(8)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {
+            "traceparent": f"00-{self.trace_id}-{self.span_id}-01",
+            "X-Interlock-Tenant": "acme",
+        }
+
+
+async def server_tree(receiver: OtlpReceiver, caller: Caller) -> SpanNode:
+    """The proxy's SERVER span of the caller's request, with its children (bounded wait)."""
+
+    def ours(span: ReceivedSpan) -> bool:
+        return (
+            span.trace_id == caller.trace_id and span.kind == "SERVER" and span.scope == "interlock"
+        )
+
+    server = await receiver.wait_for_span(ours)
+    (node,) = [n for n in receiver.tree(caller.trace_id) if n.span.span_id == server.span_id]
+    print(receiver.render_tree(caller.trace_id))  # shown with the failure, if any
+    return node
+
+
+async def test_streamed_model_call_with_usage(
+    provider: FakeProvider, receiver: OtlpReceiver, traced: TelemetryHandle, tmp_path: Path
+) -> None:
+    """A streamed chat completion: GenAI model and usage attributes, one CLIENT attempt."""
+    caller = Caller()
+    body = {
+        "model": "fake-4o",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": PROMPT}],
+    }
+    async with running_proxy(config(provider), tmp_path) as proxy:
+        url = f"{proxy.base}/http/llm/v1/chat/completions"
+        async with (
+            ClientSession() as session,
+            session.post(url, json=body, headers=caller.headers) as answer,
+        ):
+            assert answer.status == 200
+            stream = await answer.read()
+        root = await server_tree(receiver, caller)
+    assert b"[DONE]" in stream
+    span = root.span
+    attrs = span.attributes
+    assert span.name == "chat fake-4o"
+    assert span.parent_span_id == caller.span_id
+    assert attrs["gen_ai.operation.name"] == "chat"
+    assert attrs["gen_ai.request.model"] == "fake-4o"
+    assert attrs["gen_ai.response.model"] == "fake-4o"
+    assert attrs["gen_ai.usage.input_tokens"] == 11
+    assert attrs["gen_ai.usage.output_tokens"] == provider.stream_chunks
+    assert attrs["interlock.upstream"] == "llm"
+    assert attrs["interlock.tenant"] == "acme"
+    assert attrs["interlock.admission.decision"] == "admitted"
+    assert attrs["http.request.method"] == "POST"
+    assert attrs["http.response.status_code"] == 200
+    assert span.status != "ERROR"
+    assert root.find("interlock.queue")
+    (attempt,) = root.find("interlock.upstream.attempt")
+    assert attempt.span.kind == "CLIENT"
+    assert attempt.span.attributes["server.address"] == "127.0.0.1"
+    for span_ in receiver.spans:
+        assert all(PROMPT not in str(v) for v in span_.attributes.values())
+
+
+async def test_upstream_sees_the_callers_trace(
+    provider: FakeProvider, receiver: OtlpReceiver, traced: TelemetryHandle, tmp_path: Path
+) -> None:
+    """The provider receives a traceparent in the caller's trace whose parent is our attempt."""
+    caller = Caller()
+    body = {"model": "fake-4o", "messages": [{"role": "user", "content": "hi"}]}
+    async with running_proxy(config(provider), tmp_path) as proxy:
+        url = f"{proxy.base}/http/llm/v1/chat/completions"
+        async with (
+            ClientSession() as session,
+            session.post(url, json=body, headers=caller.headers) as answer,
+        ):
+            assert answer.status == 200
+        root = await server_tree(receiver, caller)
+    (attempt,) = root.find("interlock.upstream.attempt")
+    (received,) = provider.received
+    traceparent = {k.lower(): v for k, v in received.headers.items()}["traceparent"]
+    assert traceparent == f"00-{caller.trace_id}-{attempt.span.span_id}-01"
+
+
+async def test_side_effecting_http_call_records_ledger_steps(
+    provider: FakeProvider, receiver: OtlpReceiver, traced: TelemetryHandle, tmp_path: Path
+) -> None:
+    """A POST with an Idempotency-Key: claim before the attempt, finish after, key only hashed."""
+    caller = Caller()
+    async with running_proxy(config(provider), tmp_path) as proxy:
+        url = f"{proxy.base}/http/llm/v1/actions"
+        headers = caller.headers | {"Idempotency-Key": "wire-transfer-991"}
+        async with (
+            ClientSession() as session,
+            session.post(url, json={"amount": 5}, headers=headers) as answer,
+        ):
+            assert answer.status < 300
+        root = await server_tree(receiver, caller)
+    attrs = root.span.attributes
+    assert attrs["interlock.idempotency.outcome"] == "new"
+    assert attrs["interlock.idempotency.key_hash"] == hash_key("wire-transfer-991")
+    assert attrs["interlock.ledger.state"] == "succeeded"
+    assert attrs["interlock.ledger.entry_id"]
+    names = root.child_names()
+    assert names.index("interlock.ledger.claim") < names.index("interlock.upstream.attempt")
+    assert names.index("interlock.upstream.attempt") < names.index("interlock.ledger.finish")
+    for span in receiver.spans:
+        assert all("wire-transfer-991" not in str(v) for v in span.attributes.values())

@@ -1,0 +1,349 @@
+"""MCP calls through the proxy as span trees at a real OTLP/HTTP receiver.
+
+Real parts: the SDK `Client` → the proxy (`create_app`, in-process) → a real `MCPServer` upstream
+subprocess; spans exported by the proxy's configured SDK to `OtlpReceiver`. Each call carries its
+own caller `traceparent` in `_meta`, so its spans are found by trace id.
+
+Run as a script (`python -m tests.integration.test_telemetry_mcp_spans --fd N --otlp URL`), this
+module is the *traced upstream*: the test upstream's tools with an OTel SDK of its own exporting to
+the receiver, so the upstream's own server span proves it saw the caller's trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import secrets
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from policies.model import TelemetrySettings
+from proxy.otel_setup import TelemetryHandle, configure_telemetry
+from proxy.telemetry import hash_key
+from tests.integration.mcp_servers import REPO_ROOT, RunningUpstream, running_upstream
+from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan, SpanNode
+from tests.integration.proxy_harness import RunningProxy, running_proxy
+
+KEY = "interlock/idempotency-key"
+SECRET_ADDRESS = "ceo-private@example.com"
+SECRET_BODY = "the merger closes friday"
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[RunningUpstream]:
+    with running_upstream() as running:
+        yield running
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[OtlpReceiver]:
+    async with OtlpReceiver() as r:
+        yield r
+
+
+@pytest.fixture
+async def traced(receiver: OtlpReceiver) -> AsyncIterator[TelemetryHandle]:
+    """The proxy's telemetry, exporting every 20 ms to the test's receiver."""
+    settings = TelemetrySettings(service_name="interlock", otlp_endpoint=receiver.endpoint)
+    handle = configure_telemetry(settings, enabled=True, set_global=False, schedule_delay_s=0.02)
+    yield handle
+    await asyncio.to_thread(handle.shutdown)
+
+
+def config(upstream_url: str, extra: str = "") -> str:
+    return f"""
+        ledger: {{url: "sqlite:///ledger.db", lease_s: 5}}
+        defaults: {{timeout_s: 5, deadline_s: 10}}
+        upstreams:
+          up:
+            mcp: "{upstream_url}"
+        tools:
+          - match: "up/hold"
+            side_effect: true
+            timeout_s: 0.3
+        {extra}
+        """
+
+
+class Caller:
+    """A caller with its own trace: every call it makes carries its `traceparent` in `_meta`."""
+
+    def __init__(self) -> None:
+        self.trace_id = secrets.token_hex(16)
+        self.span_id = secrets.token_hex(8)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return {
+            "traceparent": f"00-{self.trace_id}-{self.span_id}-01",
+            "interlock/tenant": "acme",
+        }
+
+
+async def call_tool(
+    proxy: RunningProxy, caller: Caller, tool: str, args: dict[str, Any], key: str | None = None
+) -> Any:
+    meta = caller.meta | ({KEY: key} if key else {})
+    async with Client(proxy.mcp_url("up"), mode="legacy") as client:
+        return await client.call_tool(tool, args, meta=meta)
+
+
+async def server_tree(receiver: OtlpReceiver, caller: Caller) -> SpanNode:
+    """The proxy's SERVER span of the caller's call, with its children (bounded wait)."""
+
+    def ours(span: ReceivedSpan) -> bool:
+        return (
+            span.trace_id == caller.trace_id and span.kind == "SERVER" and span.scope == "interlock"
+        )
+
+    server = await receiver.wait_for_span(ours)
+    # children end before their parent and are exported in the same or an earlier batch
+    (node,) = [n for n in receiver.tree(caller.trace_id) if n.span.span_id == server.span_id]
+    print(receiver.render_tree(caller.trace_id))  # shown with the failure, if any
+    return node
+
+
+def assert_no_secrets(receiver: OtlpReceiver, *secrets_: str) -> None:
+    """Arguments, results and raw keys never appear in any attribute of any span."""
+    for span in receiver.spans:
+        for key, value in span.attributes.items():
+            for secret in secrets_:
+                assert secret not in str(value), (span.name, key, value)
+
+
+async def test_admitted_side_effecting_call(
+    upstream: RunningUpstream, receiver: OtlpReceiver, traced: TelemetryHandle, tmp_path: Path
+) -> None:
+    """Server span with MCP/GenAI and ledger attributes; queue, claim, attempt, finish children."""
+    caller = Caller()
+    args = {"to": SECRET_ADDRESS, "subject": "q3", "body": SECRET_BODY}
+    async with running_proxy(config(upstream.url), tmp_path) as proxy:
+        result = await call_tool(proxy, caller, "send_email", args, key="order-7781")
+        root = await server_tree(receiver, caller)
+    assert not result.is_error
+    span = root.span
+    assert span.name == "tools/call send_email"
+    assert span.parent_span_id == caller.span_id
+    attrs = span.attributes
+    assert attrs["mcp.method.name"] == "tools/call"
+    assert attrs["gen_ai.operation.name"] == "execute_tool"
+    assert attrs["gen_ai.tool.name"] == "send_email"
+    assert attrs["mcp.session.id"]
+    assert attrs["mcp.protocol.version"]
+    assert attrs["jsonrpc.request.id"] is not None
+    assert attrs["interlock.upstream"] == "up"
+    assert attrs["interlock.tenant"] == "acme"
+    assert attrs["interlock.class"] == "interactive"
+    assert attrs["interlock.admission.decision"] == "admitted"
+    assert attrs["interlock.idempotency.outcome"] == "new"
+    assert attrs["interlock.idempotency.key_hash"] == hash_key("order-7781")
+    assert attrs["interlock.ledger.state"] == "succeeded"
+    assert attrs["interlock.ledger.entry_id"]
+    assert attrs["interlock.attempt"] == 1
+    assert span.status != "ERROR"
+    names = root.child_names()
+    assert names.index("interlock.queue") < names.index("interlock.ledger.claim")
+    assert names.index("interlock.ledger.claim") < names.index("interlock.upstream.attempt")
+    assert names.index("interlock.upstream.attempt") < names.index("interlock.ledger.finish")
+    (attempt,) = root.find("interlock.upstream.attempt")
+    assert attempt.span.kind == "CLIENT"
+    assert attempt.span.attributes["interlock.attempt"] == 1
+    assert attempt.span.attributes["server.address"] == "127.0.0.1"
+    assert attempt.span.attributes["server.port"] == upstream.port
+    assert attempt.span.attributes["network.transport"] == "tcp"
+    assert_no_secrets(receiver, SECRET_ADDRESS, SECRET_BODY, "order-7781")
+
+
+async def test_refused_call(
+    upstream: RunningUpstream, receiver: OtlpReceiver, traced: TelemetryHandle, tmp_path: Path
+) -> None:
+    """A refusal is an ERROR server span saying why and where, with no upstream attempt."""
+    caller = Caller()
+    async with running_proxy(config(upstream.url), tmp_path) as proxy:
+        proxy.scheduler.start_cooldown("up", 30)
+        with pytest.raises(MCPError) as refused:
+            await call_tool(proxy, caller, "send_email", {"to": "a@x", "subject": "s"}, key="r-1")
+        root = await server_tree(receiver, caller)
+    assert refused.value.error.code == -32050
+    attrs = root.span.attributes
+    assert root.span.status == "ERROR"
+    assert attrs["interlock.admission.decision"] == "rejected"
+    assert attrs["interlock.admission.reason"] == "cooldown"
+    assert attrs["interlock.admission.scope"] == "upstream:up"
+    assert attrs["interlock.cooldown_s"] > 0
+    assert attrs["error.type"]
+    assert root.find("interlock.upstream.attempt") == []
+    assert root.find("interlock.queue"), "the admission decision is a queue span"
+
+
+async def test_replay(
+    upstream: RunningUpstream, receiver: OtlpReceiver, traced: TelemetryHandle, tmp_path: Path
+) -> None:
+    """The second send of a key is a replay: outcome `replayed`, no upstream attempt."""
+    first, second = Caller(), Caller()
+    args = {"to": "b@x", "subject": "once"}
+    async with running_proxy(config(upstream.url), tmp_path) as proxy:
+        await call_tool(proxy, first, "send_email", args, key="replay-1")
+        await call_tool(proxy, second, "send_email", args, key="replay-1")
+        original = await server_tree(receiver, first)
+        replay = await server_tree(receiver, second)
+    assert replay.span.attributes["interlock.idempotency.outcome"] == "replayed"
+    assert replay.span.attributes["interlock.ledger.state"] == "succeeded"
+    assert (
+        replay.span.attributes["interlock.ledger.entry_id"]
+        == original.span.attributes["interlock.ledger.entry_id"]
+    )
+    assert replay.find("interlock.upstream.attempt") == []
+    assert replay.find("interlock.ledger.claim")
+
+
+async def test_timeout_becomes_unknown(
+    upstream: RunningUpstream, receiver: OtlpReceiver, traced: TelemetryHandle, tmp_path: Path
+) -> None:
+    """A side-effecting call that times out after sending: ledger state `unknown` on the span."""
+    caller = Caller()
+    async with running_proxy(config(upstream.url), tmp_path) as proxy:
+        with pytest.raises(MCPError) as lost:
+            await call_tool(proxy, caller, "hold", {"seconds": 1.0, "tag": "t"}, key="pay-1")
+        root = await server_tree(receiver, caller)
+    assert lost.value.error.code == -32053
+    attrs = root.span.attributes
+    assert root.span.status == "ERROR"
+    assert attrs["interlock.ledger.state"] == "unknown"
+    assert attrs["interlock.idempotency.outcome"] == "new"
+    (attempt,) = root.find("interlock.upstream.attempt")
+    assert attempt.span.status == "ERROR"
+    assert attempt.span.attributes["error.type"]
+    finishes = root.find("interlock.ledger.finish")
+    assert finishes, "the move to unknown is a ledger step"
+
+
+async def test_pass_through_tools_list(
+    upstream: RunningUpstream, receiver: OtlpReceiver, traced: TelemetryHandle, tmp_path: Path
+) -> None:
+    """A pass-through `tools/list` is one server span continuing the caller, with an attempt."""
+    caller = Caller()
+    async with running_proxy(config(upstream.url), tmp_path) as proxy:
+        async with Client(proxy.mcp_url("up"), mode="legacy") as client:
+            tools = await client.list_tools(meta=caller.meta, cache_mode="bypass")
+        root = await server_tree(receiver, caller)
+    assert {tool.name for tool in tools.tools} >= {"echo", "send_email"}
+    assert root.span.name.startswith("tools/list")
+    assert root.span.parent_span_id == caller.span_id
+    assert root.span.attributes["mcp.method.name"] == "tools/list"
+    assert root.span.attributes["interlock.upstream"] == "up"
+    assert "gen_ai.tool.name" not in root.span.attributes
+
+
+async def test_refusals_and_unknowns_are_counted_in_metrics(
+    upstream: RunningUpstream, receiver: OtlpReceiver, traced: TelemetryHandle, tmp_path: Path
+) -> None:
+    """After 3 refusals at upstream scope and 1 timeout, /metrics says exactly that."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with running_proxy(config(upstream.url), tmp_path) as proxy:
+        with pytest.raises(MCPError):
+            await call_tool(proxy, Caller(), "hold", {"seconds": 1.0, "tag": "m"}, key="m-1")
+        proxy.scheduler.start_cooldown("up", 30)
+        for i in range(3):
+            with pytest.raises(MCPError):
+                await call_tool(proxy, Caller(), "send_email", {"to": "x", "subject": f"{i}"})
+        from aiohttp import ClientSession
+
+        async with ClientSession() as session, session.get(f"{proxy.base}/metrics") as answer:
+            text = await answer.text()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    refused = (("reason", "cooldown"), ("scope", "upstream:up"), ("upstream", "up"))
+    assert samples[("interlock_admission_refusals_total", refused)] == 3
+    assert samples[("interlock_ledger_entries", (("state", "unknown"),))] == 1
+    assert samples[("interlock_upstream_cooldown_active", (("upstream", "up"),))] == 1
+    durations = [
+        value
+        for (name, labels), value in samples.items()
+        if name == "mcp_server_operation_duration_seconds_count"
+        and ("mcp_method_name", "tools/call") in labels
+    ]
+    assert sum(durations) == 4
+
+
+# --- trace continuity into a traced upstream ---
+
+
+@contextlib.contextmanager
+def traced_upstream(otlp_endpoint: str) -> Iterator[str]:
+    """The test upstream as a subprocess with its own OTel SDK exporting to `otlp_endpoint`.
+
+    The listening socket is bound here and inherited, so connections wait in its backlog until
+    the child serves them: no readiness polling needed.
+    """
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    port = listener.getsockname()[1]
+    args = [sys.executable, "-m", __name__, "--fd", str(listener.fileno()), "--otlp", otlp_endpoint]
+    process = subprocess.Popen(args, cwd=REPO_ROOT, pass_fds=[listener.fileno()])
+    listener.close()
+    try:
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+
+
+async def test_trace_continues_from_the_client_to_the_upstream(
+    receiver: OtlpReceiver, traced: TelemetryHandle, tmp_path: Path
+) -> None:
+    """The caller's trace id reaches the upstream, whose own span is a child of our attempt."""
+    caller = Caller()
+    with traced_upstream(receiver.endpoint) as url:
+        async with running_proxy(config(url), tmp_path) as proxy:
+            result = await call_tool(proxy, caller, "echo", {"text": "hi"})
+            upstream_span = await receiver.wait_for_span(
+                lambda s: s.service == "traced-upstream" and s.trace_id == caller.trace_id
+            )
+            root = await server_tree(receiver, caller)
+    assert not result.is_error
+    (attempt,) = root.find("interlock.upstream.attempt")
+    assert upstream_span.name == "tools/call echo"
+    assert upstream_span.parent_span_id == attempt.span.span_id
+
+
+def _serve_traced(fd: int, otlp_endpoint: str) -> None:
+    """Child process: the test upstream's tools behind an OTel SDK (the SDK's own server spans)."""
+    import uvicorn
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from tests.integration.mcp_servers import build_server
+
+    provider = TracerProvider(resource=Resource.create({"service.name": "traced-upstream"}))
+    exporter = OTLPSpanExporter(endpoint=f"{otlp_endpoint}/v1/traces", timeout=2)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    app = build_server(name="traced-upstream").streamable_http_app()
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
+    asyncio.run(uvicorn.Server(config).serve(sockets=[socket.socket(fileno=fd)]))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="the traced MCP test upstream")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--otlp", required=True)
+    cli = parser.parse_args()
+    _serve_traced(cli.fd, cli.otlp)
