@@ -2,10 +2,11 @@
 
 `forward` runs the attempts (tenacity via `policies.retry`): each attempt holds an admission slot
 of its own, so a retry waits out an upstream's cooldown or is refused like any new call; an
-upstream 429/503/529 starts that cooldown for every caller of the upstream. An attempt lasts until
-the response head *and* the first body chunk arrived, so a retry is only ever made before the
-caller has seen a byte of the upstream's answer. `relay` then copies the rest as it arrives,
-reading token usage on the way for model calls.
+upstream 429/503/529 starts that cooldown for every caller of the upstream, and the cooldown is
+what honours the upstream's Retry-After (the retry loop itself only adds jittered backoff).
+An attempt lasts until the response head *and* the first body chunk arrived, so a retry is only
+ever made before the caller has seen a byte of the upstream's answer. `relay` then copies the
+rest as it arrives, reading token usage on the way for model calls.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -21,7 +22,7 @@ from aiohttp import web
 from opentelemetry.trace import SpanKind
 
 from policies.admission import Refusal
-from policies.retry import retrying, server_delay_s
+from policies.retry import AttemptFailure, retrying, server_delay_s
 from proxy import metrics, telemetry
 from proxy.errors import UpstreamError, UpstreamNotReached, UpstreamPressure
 from proxy.http_forward import (
@@ -109,6 +110,20 @@ def _refusal_attributes(refusal: Refusal) -> dict[str, Any]:
 # -------------------------------------------------------------------------------- forward
 
 
+def _describe(error: BaseException) -> AttemptFailure | None:
+    """The failure in the retry policy's words, without the upstream's delay hints.
+
+    The delay an upstream asked for is honoured by the cooldown it started: the next attempt's
+    admission waits it out if the caller's class may wait, or refuses with the remaining time.
+    Sleeping it here as well would hold a fail-fast caller for the whole cooldown.
+    """
+    failure = describe_failure(error)
+    if failure is None or not isinstance(error, UpstreamPressure):
+        return failure
+    verdict = {k: v for k, v in failure.headers.items() if k.lower() == "x-should-retry"}
+    return replace(failure, headers=verdict)
+
+
 async def forward(call: HttpCall) -> Opened:
     """Send the request, retrying as policy allows, until a response head and first chunk arrive.
 
@@ -122,7 +137,7 @@ async def forward(call: HttpCall) -> Opened:
         side_effect=call.policy.side_effect,
         deadline=call.deadline,
         clock=time.monotonic,
-        describe=describe_failure,
+        describe=_describe,
         budget=call.app[RETRY_BUDGETS].for_upstream(call.upstream.name),
         max_attempts=attempts if call.retryable_body else 1,
     )

@@ -324,11 +324,9 @@ async def _answer_pressure(call: HttpCall, error: UpstreamPressure) -> web.Strea
     if remaining > 0:
         scope = f"upstream:{call.upstream.name}"
         metrics.refusal("cooldown", scope, call.upstream.name)
-        key = call.key.key if call.key else None
-        answer = answers.refused(
-            "cooldown", scope, remaining, idempotency_key=key, upstream_down=error.status != 429
+        return await call.answer(
+            _refusal_answer(call, Refusal("cooldown", scope, remaining)), headers
         )
-        return await call.answer(answer, headers)
     return await call.answer(
         answers.upstream_failed("upstream_pressure", f"upstream answered HTTP {error.status}"),
         headers,

@@ -33,14 +33,21 @@ import email.utils
 import json
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from aiohttp import web
 
-__all__ = ["Behaviour", "FakeProvider", "Received", "behaviour", "running_provider"]
+__all__ = [
+    "Behaviour",
+    "FakeProvider",
+    "Received",
+    "behaviour",
+    "running_provider",
+    "wait_until",
+]
 
 Kind = Literal["ok", "pressure", "stall", "die", "error"]
 Style = Literal["retry-after", "retry-after-date", "retry-after-ms", "openai", "anthropic", "none"]
@@ -366,3 +373,12 @@ async def running_provider(provider: FakeProvider | None = None) -> AsyncIterato
         yield provider
     finally:
         await runner.cleanup()
+
+
+async def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Poll `predicate` every 10 ms until it holds; fail after `timeout_s`."""
+    for _ in range(max(1, int(timeout_s / 0.01))):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"condition not met within {timeout_s} s")
