@@ -5,8 +5,9 @@ running and queued calls per scope, recent service times, cooldowns, pauses, rou
 and applies the engine's decisions to them. It does no I/O and reads no clock (callers pass
 `now`), so property tests drive it directly, without an event loop.
 
-Entries of per-tenant and per-run scopes are dropped as soon as the scope is idle, so memory
-follows the live work, not the number of tenants or runs ever seen.
+Counts of a scope are dropped as soon as it is idle, and service times are kept for at most
+`MAX_TIMED_SCOPES` scopes (least recently updated dropped first), so memory follows the live
+work, not the number of tenants or runs ever seen.
 """
 
 from __future__ import annotations
@@ -30,10 +31,18 @@ from policies.admission import (
 from policies.admission_fairness import select_starts
 from policies.model import Config, WorkClass
 
-__all__ = ["SERVICE_TIME_WEIGHT", "AdmissionBook", "Dispatched", "Hold", "Running", "ScopeStats"]
+__all__ = [
+    "MAX_TIMED_SCOPES",
+    "SERVICE_TIME_WEIGHT",
+    "AdmissionBook",
+    "Dispatched",
+    "Hold",
+    "Running",
+    "ScopeStats",
+]
 
 SERVICE_TIME_WEIGHT = 0.2  # weight of the newest sample in the per-scope service-time average
-_PER_CALLER_PREFIXES = ("tenant:", "run:")
+MAX_TIMED_SCOPES = 4096
 _K = TypeVar("_K")
 
 
@@ -172,13 +181,16 @@ class AdmissionBook:
             _bump(self._running, scope.name, -1)
             _bump(self._running_class, (scope.name, band), -1)
             if sample:
-                previous = self._service.get(scope.name)
-                self._service[scope.name] = (
-                    duration
-                    if previous is None
-                    else previous + SERVICE_TIME_WEIGHT * (duration - previous)
-                )
-            self._forget_if_idle(scope.name)
+                self._sample(scope.name, duration)
+
+    def _sample(self, scope: str, duration: float) -> None:
+        previous = self._service.pop(scope, None)  # re-inserted last: most recently updated
+        average = (
+            duration if previous is None else previous + SERVICE_TIME_WEIGHT * (duration - previous)
+        )
+        self._service[scope] = average
+        if len(self._service) > MAX_TIMED_SCOPES:
+            del self._service[next(iter(self._service))]
 
     # -- waiting calls -------------------------------------------------------------------
 
@@ -272,8 +284,6 @@ class AdmissionBook:
     def _count_queued(self, scopes: tuple[Scope, ...], delta: int) -> None:
         for scope in scopes:
             _bump(self._queued, scope.name, delta)
-            if delta < 0:
-                self._forget_if_idle(scope.name)
 
     def _leave_band(self, waiter: Waiter, *, served: bool) -> None:
         key = (waiter.request.work_class, waiter.request.tenant)
@@ -282,11 +292,6 @@ class AdmissionBook:
             self._turns.pop(key, None)
         elif served:
             self._turns[key] = next(self._turn)
-
-    def _forget_if_idle(self, scope: str) -> None:
-        idle = scope not in self._running and scope not in self._queued
-        if idle and scope.startswith(_PER_CALLER_PREFIXES):
-            self._service.pop(scope, None)
 
 
 def _bump(table: dict[_K, int], key: _K, delta: int) -> None:
