@@ -3,7 +3,8 @@
 An `UpstreamChannel` is the upstream as one client request sees it: an HTTP upstream
 (`HttpChannel`, carrying the client's allowed headers) or a stdio process (`StdioChannel`). Both
 offer `exchange` (a request and its final response, relaying what comes before it: one upstream
-attempt, traced as a CLIENT span) and `post` (a notification or a response, no answer expected).
+attempt; the pipeline wraps each in its CLIENT span) and `post` (a notification or a response,
+no answer expected).
 
 `run_tools_call` hands a `tools/call` to the pipeline (`proxy.mcp_calls.handle_tools_call`) with
 `send_upstream` bound to a channel and `notify` bound to the client's reply; `traced` wraps every
@@ -20,11 +21,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Status, StatusCode
 
 from policies.answers import outcome_unknown, refused
 from policies.model import UpstreamSpec
@@ -48,7 +48,7 @@ from proxy.mcp_reply import ClientReply, Relay
 from proxy.mcp_state import MCP_TRANSPORT
 from proxy.mcp_stdio import StdioProcess
 from proxy.state import CONFIG, RUNTIME
-from proxy.telemetry import call_span, child_span, inject_headers
+from proxy.telemetry import call_span, inject_headers
 
 __all__ = [
     "HttpChannel",
@@ -105,12 +105,6 @@ class HttpChannel:
         self._headers = upstream_request_headers(
             client_headers, spec.headers, forward_authorization=forward_auth
         )
-        url = urlsplit(spec.url or "")
-        self._attributes = {
-            "server.address": url.hostname,
-            "server.port": url.port,
-            "network.transport": "tcp",
-        }
 
     def _request_headers(self, message: JsonObject, raw: bytes | None) -> dict[str, str]:
         headers = dict(self._headers)
@@ -135,19 +129,16 @@ class HttpChannel:
         cancel: asyncio.Event | None = None,
     ) -> WireMessage:
         body = raw if raw is not None and _unchanged(message, raw) else dumps(message)
-        with child_span(
-            "interlock.upstream.attempt", attributes=self._attributes, kind=SpanKind.CLIENT
-        ):
-            return await exchange_http(
-                self._session,
-                self._spec,
-                request_id=message.get("id"),
-                body=body,
-                headers=self._request_headers(message, raw),
-                relay=relay,
-                timeout_s=timeout_s,
-                cancel=cancel,
-            )
+        return await exchange_http(
+            self._session,
+            self._spec,
+            request_id=message.get("id"),
+            body=body,
+            headers=self._request_headers(message, raw),
+            relay=relay,
+            timeout_s=timeout_s,
+            cancel=cancel,
+        )
 
     async def post(self, message: JsonObject, raw: bytes | None) -> None:
         body = raw if raw is not None else dumps(message)
@@ -165,7 +156,6 @@ class StdioChannel:
 
     def __init__(self, process: StdioProcess) -> None:
         self._process = process
-        self._attributes = {"network.transport": "pipe"}
 
     async def exchange(
         self,
@@ -176,16 +166,13 @@ class StdioChannel:
         timeout_s: float,
         cancel: asyncio.Event | None = None,
     ) -> WireMessage:
-        with child_span(
-            "interlock.upstream.attempt", attributes=self._attributes, kind=SpanKind.CLIENT
-        ):
-            return await self._process.exchange(
-                message,
-                raw=raw if raw is not None and _unchanged(message, raw) else None,
-                relay=relay,
-                timeout_s=timeout_s,
-                cancel=cancel,
-            )
+        return await self._process.exchange(
+            message,
+            raw=raw if raw is not None and _unchanged(message, raw) else None,
+            relay=relay,
+            timeout_s=timeout_s,
+            cancel=cancel,
+        )
 
     async def post(self, message: JsonObject, raw: bytes | None) -> None:
         await self._process.send(message, raw)

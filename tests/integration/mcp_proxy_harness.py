@@ -1,28 +1,45 @@
-"""Run the proxy's MCP transport for a test: a real aiohttp server on a free 127.0.0.1 port.
+"""Run the proxy for an MCP transport test: a real aiohttp server on a free 127.0.0.1 port.
 
-    async with running_proxy({"up": http_upstream("up", url)}) as proxy:
+    async with running_proxy({"up": http_upstream("up", url)}, tmp_path) as proxy:
         async with Client(proxy.mcp_url("up")) as client: ...
 
-The application is the minimal one the transport needs (configuration, runtime, annotations and
-`setup_mcp`), served by `web.AppRunner` with aiohttp's default of not cancelling handlers when a
-client disconnects (as `web.run_app` serves it in production).
+The application is the whole proxy (`proxy.app.create_app`, a SQLite ledger in the test's folder),
+served by `web.AppRunner` with aiohttp's default of not cancelling handlers when a client
+disconnects (as `web.run_app` serves it in production).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
+from policies.config import parse_config_text
 from policies.model import Config, UpstreamSpec
-from proxy.mcp_routes import setup_mcp
-from proxy.state import ANNOTATIONS, CONFIG, RUNTIME, Runtime
+from proxy.app import create_app
+from proxy.mcp_sse import SseParser
+from proxy.mcp_state import MCP_TRANSPORT, McpTransport
 from tests.integration.mcp_servers import REPO_ROOT, stdio_command
 
-__all__ = ["RunningProxy", "http_upstream", "running_proxy", "stdio_upstream"]
+__all__ = [
+    "ENVELOPE",
+    "LEGACY",
+    "MODERN",
+    "RawAnswer",
+    "RawMcp",
+    "RunningProxy",
+    "build_config",
+    "http_upstream",
+    "running_proxy",
+    "stdio_upstream",
+]
 
 
 def http_upstream(name: str, url: str, **values: Any) -> UpstreamSpec:
@@ -30,7 +47,9 @@ def http_upstream(name: str, url: str, **values: Any) -> UpstreamSpec:
     return UpstreamSpec(name=name, kind="mcp_http", url=url, **values)
 
 
-def stdio_upstream(name: str, command: tuple[str, ...] | None = None, **values: Any) -> UpstreamSpec:
+def stdio_upstream(
+    name: str, command: tuple[str, ...] | None = None, **values: Any
+) -> UpstreamSpec:
     """A stdio upstream spec (by default the test upstream's stdio script)."""
     return UpstreamSpec(
         name=name,
@@ -53,23 +72,51 @@ class RunningProxy:
     def mcp_url(self, upstream: str) -> str:
         return f"{self.base}/mcp/{upstream}"
 
+    @property
+    def transport(self) -> McpTransport:
+        return self.app[MCP_TRANSPORT]
 
-def build_app(config: Config, **mcp_options: Any) -> web.Application:
-    """The minimal application around the MCP transport."""
-    app = web.Application(client_max_size=config.max_body_bytes)
-    app[CONFIG] = config
-    app[RUNTIME] = Runtime()
-    app[ANNOTATIONS] = {}
-    setup_mcp(app, **mcp_options)
-    return app
+
+_BASE_CONFIG = """
+ledger: {url: "sqlite:///ledger.db"}
+upstreams:
+  placeholder: {mcp: "http://127.0.0.1:9/mcp"}
+"""
+_READ_ONLY_RULE = """
+tools:
+  - {match: "*/*", side_effect: false}
+"""
+
+
+def build_config(
+    upstreams: Mapping[str, UpstreamSpec], folder: Path, *, read_only: bool = True, **values: Any
+) -> Config:
+    """A full configuration (defaults from the real config loader) with these upstreams.
+
+    `read_only` adds a first rule marking every tool read-only, so transport tests see the
+    pipeline's admission but no ledger dedupe of repeated calls.
+    """
+    text = _BASE_CONFIG + (_READ_ONLY_RULE if read_only else "")
+    config = parse_config_text(text, str(folder / "interlock.yaml"), environ={}, base_dir=folder)
+    return replace(config, upstreams=dict(upstreams), **values)
 
 
 @contextlib.asynccontextmanager
 async def running_proxy(
-    upstreams: Mapping[str, UpstreamSpec], *, config: Mapping[str, Any] | None = None, **mcp_options: Any
+    upstreams: Mapping[str, UpstreamSpec],
+    folder: Path,
+    *,
+    read_only: bool = True,
+    stdio_idle_s: float | None = None,
+    **values: Any,
 ) -> AsyncIterator[RunningProxy]:
-    """Serve the proxy for `upstreams` until the block ends (then shut it down cleanly)."""
-    app = build_app(Config(upstreams=dict(upstreams), **(config or {})), **mcp_options)
+    """Serve the whole proxy (`create_app`) for `upstreams` until the block ends.
+
+    Its SQLite ledger lives in `folder`; `values` override configuration fields.
+    """
+    app = create_app(build_config(upstreams, folder, read_only=read_only, **values))
+    if stdio_idle_s is not None:
+        app[MCP_TRANSPORT].stdio.idle_s = stdio_idle_s
     runner = web.AppRunner(app, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -79,3 +126,100 @@ async def running_proxy(
         yield RunningProxy(app=app, port=port)
     finally:
         await runner.cleanup()
+
+
+MODERN = "2026-07-28"
+LEGACY = "2025-11-25"
+ENVELOPE = {
+    "io.modelcontextprotocol/protocolVersion": MODERN,
+    "io.modelcontextprotocol/clientInfo": {"name": "raw-test", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+
+
+@dataclass
+class RawAnswer:
+    """One HTTP answer to a raw MCP POST, with the JSON-RPC messages inside it as bytes."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    @property
+    def messages(self) -> list[bytes]:
+        """The JSON-RPC messages: SSE `data` payloads, or the JSON body itself."""
+        if self.headers.get("Content-Type", "").startswith("text/event-stream"):
+            return [
+                e.data.encode() for e in SseParser().feed(self.body) if not e.comment and e.data
+            ]
+        return [self.body] if self.body else []
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def last(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads(self.messages[-1])
+        return value
+
+
+class RawMcp:
+    """A hand-written MCP client over aiohttp, to look at bytes and status codes."""
+
+    def __init__(self, http: aiohttp.ClientSession, url: str) -> None:
+        self.http = http
+        self.url = url
+        self.session_id: str | None = None
+        self.version: str | None = None
+
+    def headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "Content-Type": "application/json",
+        }
+        if self.session_id:
+            headers["Mcp-Session-Id"] = self.session_id
+        if self.version:
+            headers["MCP-Protocol-Version"] = self.version
+        headers.update(extra or {})
+        return headers
+
+    async def post(self, body: Any, headers: Mapping[str, str] | None = None) -> RawAnswer:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        async with self.http.post(self.url, data=data, headers=self.headers(headers)) as answer:
+            return RawAnswer(answer.status, CIMultiDict(answer.headers), await answer.read())
+
+    async def initialize(self, version: str = LEGACY) -> RawAnswer:
+        """The handshake: initialize, remember the session, send notifications/initialized."""
+        answer = await self.post(
+            {
+                "jsonrpc": "2.0",
+                "id": 0,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": version,
+                    "capabilities": {},
+                    "clientInfo": {"name": "raw-test", "version": "1"},
+                },
+            }
+        )
+        self.session_id = answer.headers.get("Mcp-Session-Id")
+        self.version = version
+        note = await self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        assert note.status == 202, note
+        return answer
+
+    async def call_modern(self, request_id: Any, tool: str, arguments: dict[str, Any]) -> RawAnswer:
+        """A stateless 2026-07-28 tools/call: envelope in _meta, routing headers."""
+        body = {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "method": "tools/call",
+            "params": {"name": tool, "arguments": arguments, "_meta": dict(ENVELOPE)},
+        }
+        headers = {"MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/call", "Mcp-Name": tool}
+        return await self.post(body, headers)
+
+    async def delete(self) -> int:
+        async with self.http.delete(self.url, headers=self.headers()) as answer:
+            return answer.status

@@ -13,7 +13,10 @@ One `MCPServer` (`build_server()`) with the tools the proxy's tests need:
   records `started` / `cancelled` / `finished` tags (the cancellation tests read them);
 - `die()` - the server process exits mid-call (an upstream that crashes after receiving a call).
 
-HTTP mode adds plain routes: `GET /healthz`, `GET /stats`, `POST /reset`, and `POST /control`
+HTTP mode adds plain routes: `GET /healthz`, `GET /stats` (the counters, plus `mcp_requests`: how
+many HTTP requests reached `/mcp`, `http_methods`: those by HTTP method, and `last_headers`: the
+headers of the latest one),
+`POST /reset`, and `POST /control`
 with `{"reject_next": N, "status": 429, "retry_after": "2", "methods": ["tools/call"]}` which makes
 an ASGI wrapper in front of the SDK app answer the next N matching POSTs with that status and
 `Retry-After` before the SDK sees them (the upstream-pressure mode).
@@ -187,6 +190,8 @@ class _Pressure:
     methods: tuple[str, ...] = ("tools/call",)
     rejected: int = 0
     mcp_requests: int = 0  # every HTTP request that reached /mcp (the "nothing forwarded" checks)
+    last_headers: dict[str, str] = field(default_factory=dict)  # of the latest /mcp request
+    http_methods: Counter[str] = field(default_factory=Counter)  # /mcp requests by HTTP method
 
 
 class _PressureWrapper:
@@ -206,9 +211,13 @@ class _PressureWrapper:
             await _send_json(send, 200, {"ok": True})
             return
         if path == "/stats":
-            await _send_json(
-                send, 200, {**self.state.as_dict(), "rejected": self.pressure.rejected}
-            )
+            extra = {
+                "rejected": self.pressure.rejected,
+                "mcp_requests": self.pressure.mcp_requests,
+                "last_headers": self.pressure.last_headers,
+                "http_methods": dict(self.pressure.http_methods),
+            }
+            await _send_json(send, 200, {**self.state.as_dict(), **extra})
             return
         if path in ("/control", "/reset") and method == "POST":
             body = await _read_body(receive)
@@ -218,12 +227,15 @@ class _PressureWrapper:
                     setattr(self.state, name, getattr(fresh, name))
                 self.pressure.rejected = 0
                 self.pressure.mcp_requests = 0
+                self.pressure.http_methods.clear()
             else:
                 self._configure(json.loads(body or b"{}"))
             await _send_json(send, 200, {"ok": True})
             return
         if path == "/mcp":
             self.pressure.mcp_requests += 1
+            self.pressure.http_methods[method] += 1
+            self.pressure.last_headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         if method == "POST" and self.pressure.reject_next > 0:
             body = await _read_body(receive)
             if _method_of(body) in self.pressure.methods:
