@@ -1,7 +1,8 @@
 """What telemetry costs: proxy CPU per call and latency with tracing off, on, and collector down.
 
-The proxy runs as a real `interlock serve` subprocess (its CPU is read with psutil, so the load
-generator, the upstream and the OTLP receiver in this process are not counted). Scenarios:
+The proxy runs as a subprocess doing what `interlock serve` does (`configure_telemetry`, then
+`create_app` on aiohttp; see `_serve`). Its CPU is read with psutil, so the load generator, the
+upstream and the OTLP receiver in this process are not counted. Scenarios:
 
 - off: `telemetry.enabled: false` (no span recorded; metrics still served);
 - on: spans exported over OTLP/HTTP to a local receiver (the test suite's real receiver);
@@ -109,7 +110,7 @@ async def _proxy(config: Path, port: int) -> AsyncIterator[psutil.Process]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("INTERLOCK_")}
     env["INTERLOCK_LOG_LEVEL"] = "ERROR"
     proc = await asyncio.create_subprocess_exec(
-        *[sys.executable, "-m", "proxy.cli", "serve", "--config", str(config)],
+        *[sys.executable, "-m", "bench.bench_telemetry", "--serve", str(config)],
         cwd=_ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -190,21 +191,29 @@ async def _scenario(
 
 
 async def _run(quick: bool) -> list[Table]:
-    calls = 150 if quick else 600
+    calls = 150 if quick else 300
     kinds = ["GET"] if quick else ["GET", "POST"]
+    rounds = 1 if quick else 2
     rows: list[list[str]] = []
     async with _upstream() as upstream, OtlpReceiver() as receiver:
         scenarios = {
             "off": "{enabled: false}",
-            "on, exporting to a local receiver": f'{{otlp_endpoint: "{receiver.endpoint}"}}',
-            "on, collector down (closed port)": (
+            "on → receiver": f'{{otlp_endpoint: "{receiver.endpoint}"}}',
+            "on, collector down": (
                 f'{{otlp_endpoint: "http://127.0.0.1:{_free_port()}", export_timeout_s: 1}}'
             ),
         }
         results: dict[str, dict[str, Result]] = {}
-        for name, telemetry in scenarios.items():
-            with tempfile.TemporaryDirectory(prefix="interlock-bench-") as tmp:
-                results[name] = await _scenario(Path(tmp), upstream, telemetry, kinds, calls)
+        # Rounds interleave the scenarios; the least disturbed (lowest CPU) run of each counts,
+        # since the machine may be busy with other work.
+        for _ in range(rounds):
+            for name, telemetry in scenarios.items():
+                with tempfile.TemporaryDirectory(prefix="interlock-bench-") as tmp:
+                    got = await _scenario(Path(tmp), upstream, telemetry, kinds, calls)
+                best = results.setdefault(name, got)
+                for kind, result in got.items():
+                    if result.cpu_s < best[kind].cpu_s:
+                        best[kind] = result
         spans_received = len(receiver.spans)
     for kind in kinds:
         base = results["off"][kind]
@@ -223,9 +232,11 @@ async def _run(quick: bool) -> list[Table]:
                 ]
             )
     note = (
-        f"{_CONCURRENCY} concurrent clients; CPU is the proxy process's user+system time only. "
+        f"{_CONCURRENCY} concurrent clients, best of {rounds} interleaved round(s); CPU is the "
+        "proxy process's user+system time only. "
         f"GET is read-only (server, queue, attempt spans); POST is side-effecting (adds ledger "
-        f"claim/finish spans). The receiver got {spans_received} spans in the 'on' runs."
+        f"claim/finish spans). 'collector down' exports to a closed port. The receiver got "
+        f"{spans_received} spans in the 'on → receiver' runs."
     )
     return [
         Table(
@@ -249,3 +260,31 @@ async def _run(quick: bool) -> list[Table]:
 def run(quick: bool = False) -> list[Table]:
     """CPU per call and latency through the proxy with telemetry off / on / collector down."""
     return asyncio.run(_run(quick))
+
+
+def _serve(config_path: str) -> None:
+    """The proxy process: telemetry configured once at start-up, then the application."""
+    from policies.config import load_config
+    from proxy.app import create_app
+    from proxy.otel_setup import configure_telemetry
+
+    config = load_config(config_path)
+    handle = configure_telemetry(config.telemetry, enabled=config.telemetry.enabled)
+    try:
+        web.run_app(
+            create_app(config),
+            host=config.listen_host,
+            port=config.listen_port,
+            access_log=None,
+            print=None,
+            shutdown_timeout=2,
+        )
+    finally:
+        handle.shutdown(grace_s=1)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--serve":
+        _serve(sys.argv[2])
+    else:
+        raise SystemExit("usage: python -m bench.bench_telemetry --serve CONFIG (or make bench)")
