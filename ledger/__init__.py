@@ -9,10 +9,19 @@ from ledger.errors import (
     LedgerUnavailable,
     StaleToken,
 )
+from ledger.migrate import migrate_ledger
 from ledger.operations import DEFAULT_MAX_ATTEMPTS
 from ledger.states import EntryState
 from ledger.store import LedgerStore, utcnow
-from ledger.views import ClaimKind, ClaimRequest, ClaimResult, EntryView, TransitionView
+from ledger.views import (
+    ClaimKind,
+    ClaimRequest,
+    ClaimResult,
+    EntryView,
+    TransitionView,
+    entry_json,
+    transition_json,
+)
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -29,5 +38,8 @@ __all__ = [
     "LedgerUnavailable",
     "StaleToken",
     "TransitionView",
+    "entry_json",
+    "migrate_ledger",
+    "transition_json",
     "utcnow",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, exc
@@ -27,6 +28,7 @@ __all__ = [
     "async_url",
     "is_retryable",
     "open_engines",
+    "sqlite_file",
     "translate_errors",
 ]
 
@@ -60,6 +62,14 @@ def async_url(url: str) -> URL:
         raise LedgerError(f"ledger url {url!r}: the SQLite ledger needs a file path")
     backend = "postgresql" if backend == "postgres" else backend
     return parsed.set(drivername=f"{backend}+{wanted}")
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a SQLite ledger URL; None for PostgreSQL."""
+    parsed = async_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database is None:
+        return None
+    return Path(parsed.database)
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,9 +52,11 @@ class IllegalTransition(LedgerError):
     """A move the ledger's state machine does not allow."""
 
     def __init__(self, entry_id: str | None, from_state: str | None, to_state: str, why: str = ""):
-        origin = from_state or "(new)"
-        text = f"entry {entry_id or '(new)'}: {origin} → {to_state} is not allowed"
-        super().__init__(f"{text}: {why}" if why else text)
+        entry = f"entry {entry_id or '(new)'}"
+        if why:
+            super().__init__(f"{entry} is {from_state or 'new'}: {why}")
+        else:
+            super().__init__(f"{entry}: {from_state or '(new)'} → {to_state} is not allowed")
         self.entry_id = entry_id
         self.from_state = from_state
         self.to_state = to_state

@@ -15,9 +15,17 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from ledger.db import Engines, translate_errors
+from ledger.db import Engines, open_engines, translate_errors
+from policies.model import LedgerSettings
 
-__all__ = ["VERSION_TABLE", "alembic_config", "current_revision", "head_revision", "upgrade"]
+__all__ = [
+    "VERSION_TABLE",
+    "alembic_config",
+    "current_revision",
+    "head_revision",
+    "migrate_ledger",
+    "upgrade",
+]
 
 VERSION_TABLE = "interlock_ledger_version"
 _ADVISORY_LOCK = 0x1E06E5  # any constant shared by every replica
@@ -70,3 +78,17 @@ async def upgrade(engines: Engines, revision: str = "head") -> tuple[str | None,
             await conn.run_sync(lambda sync: command.upgrade(alembic_config(sync), revision))
             after = await conn.run_sync(_current_revision)
     return before, after or ""
+
+
+async def migrate_ledger(settings: LedgerSettings) -> tuple[str | None, str]:
+    """Open the ledger at `settings.url`, migrate it to head, close it: (before, after).
+
+    Raises:
+        LedgerUnavailable: the database cannot be reached or written.
+        LedgerError: the URL is not usable.
+    """
+    engines = open_engines(settings)
+    try:
+        return await upgrade(engines)
+    finally:
+        await engines.dispose()

@@ -189,7 +189,7 @@ class Finish:
             report |= describe_report(self.outcome, self.error, ctx.max_outcome_bytes)
             raise _refuse_stale(ws, row, ctx, self.token, report)
         if row.state != _S.RUNNING:
-            raise IllegalTransition(row.id, row.state, target, "the entry is not running")
+            raise IllegalTransition(row.id, row.state, target, "only a running entry is finished")
         row.state = target
         row.outcome, row.outcome_hash, row.outcome_retained = stored_outcome(
             self.outcome, ctx.max_outcome_bytes
@@ -219,7 +219,9 @@ class MarkUnknown:
             report = {"op": "mark_unknown", "reason": self.reason}
             raise _refuse_stale(ws, row, ctx, self.token, report)
         if row.state != _S.RUNNING:
-            raise IllegalTransition(row.id, row.state, _S.UNKNOWN, "the entry is not running")
+            raise IllegalTransition(
+                row.id, row.state, _S.UNKNOWN, "only a running entry turns unknown"
+            )
         row.state = _S.UNKNOWN
         row.fencing_token += 1
         row.lease_expires_at = None
@@ -320,7 +322,10 @@ class Resolve:
             target = _S(self.as_)
             if before not in NEEDS_RECONCILIATION:
                 raise IllegalTransition(
-                    row.id, before, target, "only unknown or blocked entries are resolved"
+                    row.id,
+                    before,
+                    target,
+                    "only unknown or blocked entries are resolved as succeeded or failed",
                 )
             check_transition(row.id, before, target)
         row.state = target

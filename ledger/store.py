@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger import queries
 from ledger.batch import OpContext
-from ledger.db import Engines, open_engines, translate_errors
+from ledger.db import Engines, open_engines, sqlite_file, translate_errors
 from ledger.errors import LedgerError, LedgerUnavailable
 from ledger.migrate import current_revision, head_revision, upgrade
 from ledger.operations import (
@@ -77,6 +77,8 @@ class LedgerStore:
     ) -> LedgerStore:
         """Connect, migrate the schema to head (or with `migrate=False` check it is there).
 
+        With `migrate=False` a SQLite file that does not exist is not created.
+
         `owner` is this replica's id: it owns the leases of the entries it claims.
 
         Raises:
@@ -85,6 +87,11 @@ class LedgerStore:
         """
         if clock().utcoffset() is None:
             raise LedgerError("the ledger clock must return timezone-aware datetimes")
+        path = sqlite_file(settings.url)
+        if not migrate and path is not None and not path.exists():
+            raise LedgerUnavailable(
+                f"no ledger database at {path} (run `interlock ledger migrate`)"
+            )
         engines = open_engines(settings)
         try:
             if migrate:

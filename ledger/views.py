@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 from ledger.states import EntryState
 
-__all__ = ["ClaimKind", "ClaimRequest", "ClaimResult", "EntryView", "TransitionView"]
+__all__ = [
+    "ClaimKind",
+    "ClaimRequest",
+    "ClaimResult",
+    "EntryView",
+    "TransitionView",
+    "entry_json",
+    "transition_json",
+]
 
 ClaimKind = Literal["new", "replay", "in_progress", "mismatch", "needs_reconciliation"]
 
@@ -90,3 +101,26 @@ class ClaimResult:
 
     kind: ClaimKind
     entry: EntryView
+
+
+def entry_json(entry: EntryView) -> dict[str, Any]:
+    """The entry as JSON-ready values: ISO 8601 times; the outcome as `outcome_b64`, and also
+    as `outcome` text when it is UTF-8."""
+    data: dict[str, Any] = {}
+    for f in dataclasses.fields(entry):
+        value = getattr(entry, f.name)
+        data[f.name] = value.isoformat() if isinstance(value, datetime) else value
+    outcome = entry.outcome
+    data["outcome"] = None
+    data["outcome_b64"] = None if outcome is None else base64.b64encode(outcome).decode()
+    if outcome is not None:
+        with contextlib.suppress(UnicodeDecodeError):  # binary: only outcome_b64
+            data["outcome"] = outcome.decode()
+    return data
+
+
+def transition_json(transition: TransitionView) -> dict[str, Any]:
+    """A history row as JSON-ready values."""
+    data = dataclasses.asdict(transition)
+    data["at"] = transition.at.isoformat()
+    return data
