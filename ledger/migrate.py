@@ -7,12 +7,12 @@ Both backends have transactional DDL, so a migration that dies half-way leaves n
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from ledger.db import Engines, open_engines, translate_errors
@@ -40,6 +40,7 @@ def alembic_config(connection: sa.Connection | None = None) -> Config:
     return config
 
 
+@functools.cache
 def head_revision() -> str:
     """The newest revision the package ships."""
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
@@ -60,8 +61,12 @@ async def current_revision(engines: Engines) -> str | None:
 
 
 def _current_revision(connection: sa.Connection) -> str | None:
-    options = {"version_table": VERSION_TABLE}
-    return MigrationContext.configure(connection, opts=options).get_current_revision()
+    # Read directly rather than through Alembic's MigrationContext, which logs at INFO level.
+    if not sa.inspect(connection).has_table(VERSION_TABLE):
+        return None
+    version = sa.table(VERSION_TABLE, sa.column("version_num", sa.String()))
+    revision = connection.execute(sa.select(version.c.version_num)).scalar()
+    return None if revision is None else str(revision)
 
 
 async def upgrade(engines: Engines, revision: str = "head") -> tuple[str | None, str]:
@@ -75,6 +80,8 @@ async def upgrade(engines: Engines, revision: str = "head") -> tuple[str | None,
             if engines.dialect == "postgresql":
                 await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_ADVISORY_LOCK)))
             before = await conn.run_sync(_current_revision)
+            if before == head_revision() and revision == "head":
+                return before, before
             await conn.run_sync(lambda sync: command.upgrade(alembic_config(sync), revision))
             after = await conn.run_sync(_current_revision)
     return before, after or ""
