@@ -166,6 +166,7 @@ async def _run_plain(call: HttpCall) -> web.StreamResponse:
     try:
         await relay(call, opened, collect=False)
     except UpstreamError as exc:
+        opened.response.close()
         return await call.downstream.fail(_failure_answer(exc), event_stream=is_sse(opened))
     finally:
         opened.response.release()

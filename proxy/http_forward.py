@@ -281,18 +281,19 @@ class Downstream:
         """Tell a waiting streaming caller what it waits for (an SSE comment line)."""
         if not self._sse_while_waiting:
             return
-        if self.response is None:
-            self.response = web.StreamResponse(
-                status=200,
-                headers={
-                    "Content-Type": "text/event-stream",
-                    "Cache-Control": "no-cache",
-                    "X-Accel-Buffering": "no",
-                },
-            )
-            await self.response.prepare(self._request)
-            self.sse_opened_early = True
-        await self.response.write(f": {text}\n\n".encode())
+        with contextlib.suppress(ConnectionError, RuntimeError):  # a gone caller learns nothing
+            if self.response is None:
+                self.response = web.StreamResponse(
+                    status=200,
+                    headers={
+                        "Content-Type": "text/event-stream",
+                        "Cache-Control": "no-cache",
+                        "X-Accel-Buffering": "no",
+                    },
+                )
+                self.sse_opened_early = True
+                await self.response.prepare(self._request)
+            await self.response.write(f": {text}\n\n".encode())
 
     async def answer(
         self, answer: Answer, headers: Mapping[str, str] | None = None

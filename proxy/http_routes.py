@@ -54,9 +54,7 @@ async def _upstream_sessions(app: web.Application) -> AsyncIterator[None]:
     for name, spec in app[CONFIG].upstreams.items():
         if spec.kind != "http":
             continue
-        connector = aiohttp.TCPConnector(
-            limit=max(spec.limits.max_running or 0, _MIN_CONNECTIONS), enable_cleanup_closed=True
-        )
+        connector = aiohttp.TCPConnector(limit=max(spec.limits.max_running or 0, _MIN_CONNECTIONS))
         sessions[name] = aiohttp.ClientSession(
             connector=connector,
             auto_decompress=False,
