@@ -1,0 +1,93 @@
+"""Pure helpers of the ledger: URLs, size caps, ids and the JSON shape of entries."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from ledger import EntryState, LedgerError, entry_json
+from ledger.batch import cap_text, internal_key, new_entry_id, stored_outcome
+from ledger.db import async_url, sqlite_file
+from ledger.operations import Claim
+from tests.ledger_fixtures import claim_request
+from tests.unit.test_ledger_states import MemoryLedger
+
+
+@pytest.mark.parametrize(
+    ("configured", "expected"),
+    [
+        ("sqlite:///interlock.db", "sqlite+aiosqlite:///interlock.db"),
+        ("sqlite:////var/lib/ledger.db", "sqlite+aiosqlite:////var/lib/ledger.db"),
+        ("sqlite+aiosqlite:///x.db", "sqlite+aiosqlite:///x.db"),
+        ("postgresql://u@db:5432/ledger", "postgresql+asyncpg://u@db:5432/ledger"),
+        ("postgres://u@db/ledger", "postgresql+asyncpg://u@db/ledger"),
+        ("postgresql+asyncpg://u@db/ledger", "postgresql+asyncpg://u@db/ledger"),
+    ],
+)
+def test_config_urls_map_to_async_drivers(configured: str, expected: str) -> None:
+    """Config URLs name the async drivers; already-qualified URLs pass through."""
+    assert async_url(configured).render_as_string() == expected
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["mysql://db/x", "postgresql+psycopg://db/x", "sqlite://", "sqlite:///:memory:", "nonsense"],
+)
+def test_unusable_urls_are_refused_clearly(bad: str) -> None:
+    """Other databases, other drivers and in-memory SQLite are refused with a LedgerError."""
+    with pytest.raises(LedgerError, match="ledger url"):
+        async_url(bad)
+
+
+def test_sqlite_file_of_url() -> None:
+    """The SQLite file is known for SQLite URLs; PostgreSQL has none."""
+    assert str(sqlite_file("sqlite:////tmp/a.db")) == "/tmp/a.db"
+    assert sqlite_file("postgresql://db/x") is None
+
+
+def test_cap_text_respects_utf8_byte_limit() -> None:
+    """Capped text never exceeds the byte budget, never splits a character, and says it was cut."""
+    assert cap_text("short", 64) == "short"
+    assert cap_text(None, 64) is None
+    capped = cap_text("ü" * 50, 40)
+    assert capped is not None
+    assert len(capped.encode()) <= 40
+    assert capped.endswith("…[truncated, 100 bytes]")
+    assert capped.startswith("ü")
+
+
+def test_stored_outcome_keeps_bytes_up_to_cap_then_hash_only() -> None:
+    """At the cap the bytes are kept; one byte over, only the sha256 is."""
+    assert stored_outcome(b"1234", 4) == (b"1234", hashlib.sha256(b"1234").hexdigest(), True)
+    assert stored_outcome(b"12345", 4) == (None, hashlib.sha256(b"12345").hexdigest(), False)
+    assert stored_outcome(None, 4) == (None, None, True)
+
+
+def test_entry_ids_sort_by_creation_time() -> None:
+    """Ids are 32 hex digits whose order follows their creation time."""
+    early = new_entry_id(datetime(2030, 1, 1, tzinfo=UTC))
+    late = new_entry_id(datetime(2030, 1, 1, 0, 0, 1, tzinfo=UTC))
+    assert len(early) == 32
+    int(early, 16)
+    assert early < late
+    assert internal_key(early) != early
+
+
+def test_entry_json_is_lossless_for_binary_outcomes() -> None:
+    """JSON keeps the exact outcome bytes in base64, and text only when it is UTF-8."""
+    ledger = MemoryLedger()
+    entry = ledger.run(Claim(claim_request("k"))).entry
+    row = ledger.ws.rows[entry.id]
+    row.outcome = b"\xff\x00"
+    data = entry_json(row.view())
+    assert base64.b64decode(data["outcome_b64"]) == b"\xff\x00"
+    assert data["outcome"] is None
+    assert data["state"] == EntryState.RUNNING
+    assert data["created_at"].endswith("+00:00")
+    row.outcome = b'{"id": 7}'
+    assert entry_json(row.view())["outcome"] == '{"id": 7}'
+    json.dumps(data)
