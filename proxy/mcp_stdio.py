@@ -387,7 +387,6 @@ class StdioUpstreams:
         """A new process for a handshake-era session (register it once `initialize` succeeded)."""
         process = StdioProcess(spec, shared=False, max_line_bytes=self._max_line)
         await process.start()
-        self._ensure_reaper()
         return process
 
     def register_session(self, process: StdioProcess) -> str:
@@ -395,6 +394,7 @@ class StdioUpstreams:
         session_id = secrets.token_hex(16)
         process.session_id = session_id
         self._sessions[session_id] = process
+        self._ensure_reaper()
         return session_id
 
     def session(self, spec: UpstreamSpec, session_id: str) -> StdioProcess | None:

@@ -190,7 +190,7 @@ class RawMcp:
             return RawAnswer(answer.status, CIMultiDict(answer.headers), await answer.read())
 
     async def initialize(self, version: str = LEGACY) -> RawAnswer:
-        """The handshake: initialize, remember the session, send notifications/initialized."""
+        """The handshake: initialize; once a session is opened, notifications/initialized."""
         answer = await self.post(
             {
                 "jsonrpc": "2.0",
@@ -205,8 +205,9 @@ class RawMcp:
         )
         self.session_id = answer.headers.get("Mcp-Session-Id")
         self.version = version
-        note = await self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        assert note.status == 202, note
+        if self.session_id:
+            note = await self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            assert note.status == 202, note
         return answer
 
     async def call_modern(self, request_id: Any, tool: str, arguments: dict[str, Any]) -> RawAnswer:

@@ -1,0 +1,292 @@
+"""MCP through the proxy to stdio upstreams it spawns: sessions, the shared modern process, ends."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from mcp import Client, ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import ElicitRequestParams, ElicitResult
+
+from proxy.state import ANNOTATIONS, CONFIG
+from tests.integration.mcp_proxy_harness import (
+    ENVELOPE,
+    RawMcp,
+    RunningProxy,
+    running_proxy,
+    stdio_upstream,
+)
+from tests.integration.mcp_servers import REPO_ROOT, stdio_command
+
+MODES = ["legacy", "auto", "2026-07-28"]
+
+
+@pytest.fixture
+async def proxy(tmp_path: Path) -> AsyncIterator[RunningProxy]:
+    upstreams = {"st": stdio_upstream("st", timeout_s=10)}
+    async with running_proxy(upstreams, tmp_path) as running:
+        yield running
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def _wait_for(predicate: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def _direct_lines(messages: list[dict[str, Any]], answers: int) -> list[bytes]:
+    """Talk to the stdio test server directly and return the first `answers` response lines."""
+    process = await asyncio.create_subprocess_exec(
+        *stdio_command(),
+        cwd=REPO_ROOT,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    assert process.stdin is not None
+    assert process.stdout is not None
+    lines: list[bytes] = []
+    try:
+        for message in messages:
+            process.stdin.write(json.dumps(message).encode() + b"\n")
+        await process.stdin.drain()
+        async with asyncio.timeout(20):
+            while len(lines) < answers:
+                line = (await process.stdout.readline()).rstrip(b"\n")
+                if b'"id"' in line:
+                    lines.append(line)
+    finally:
+        process.kill()
+        await process.wait()
+    return lines
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_sdk_client_works_against_a_stdio_upstream(proxy: RunningProxy, mode: str):
+    """In every client mode, a stdio upstream lists its tools and answers calls via the proxy."""
+    progress: list[float] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(value)
+
+    async with Client(proxy.mcp_url("st"), mode=mode, cache=None) as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        echoed = await client.call_tool("echo", {"text": "over stdio"})
+        slow = await client.call_tool("slow_progress", {"steps": 2}, progress_callback=on_progress)
+    assert {"echo", "send_email", "search_docs"} <= names
+    assert echoed.content[0].text == "over stdio"
+    assert slow.content[0].text == "done after 2 steps"
+    assert progress == [1, 2]
+    assert proxy.app[ANNOTATIONS]["st"]["search_docs"] == {"readOnlyHint": True}
+
+
+async def test_client_session_over_a_stdio_upstream(proxy: RunningProxy):
+    """A bare ClientSession on the streamable HTTP transport drives a stdio upstream unmodified."""
+    async with (
+        streamable_http_client(proxy.mcp_url("st")) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        tools = await session.list_tools()
+        result = await session.call_tool("echo", {"text": "session"})
+    assert any(tool.name == "echo" for tool in tools.tools)
+    assert result.content[0].text == "session"
+
+
+async def test_elicitation_reaches_the_client_from_a_stdio_session(proxy: RunningProxy):
+    """A stdio server's elicitation request is relayed mid-call and the answer written back."""
+
+    async def answer(context: Any, params: ElicitRequestParams) -> ElicitResult:
+        return ElicitResult(action="accept", content={"name": "Grace"})
+
+    async with Client(
+        proxy.mcp_url("st"), mode="legacy", cache=None, elicitation_callback=answer
+    ) as client:
+        result = await client.call_tool("ask_name", {})
+    assert result.content[0].text == "hello Grace"
+
+
+async def test_answers_are_the_processes_bytes(proxy: RunningProxy, http: aiohttp.ClientSession):
+    """Responses reach the client as the very line the process wrote (ids restored in modern)."""
+    init = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "raw-test", "version": "1"},
+        },
+    }
+    call = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "tools/call",
+        "params": {"name": "echo", "arguments": {"text": "żółw ☃"}},
+    }
+    modern = {
+        "jsonrpc": "2.0",
+        "id": "m-7",
+        "method": "tools/call",
+        "params": {"name": "echo", "arguments": {"text": "żółw ☃"}, "_meta": dict(ENVELOPE)},
+    }
+    initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    expected_legacy = (await _direct_lines([init, initialized, call], 2))[1]
+    expected_modern = (await _direct_lines([modern], 1))[0]
+
+    legacy = RawMcp(http, proxy.mcp_url("st"))
+    await legacy.initialize()
+    assert (await legacy.post(call)).body == expected_legacy
+    answer = await RawMcp(http, proxy.mcp_url("st")).call_modern("m-7", "echo", {"text": "żółw ☃"})
+    assert answer.body == expected_modern
+
+
+async def test_modern_clients_share_one_process_without_crossing_answers(proxy: RunningProxy):
+    """Concurrent modern clients reuse ids and progress tokens; each gets only its own messages."""
+
+    async def run(steps: int) -> tuple[str, list[float]]:
+        seen: list[float] = []
+
+        async def on_progress(value: float, total: float | None, message: str | None) -> None:
+            assert total == steps
+            seen.append(value)
+
+        async with Client(proxy.mcp_url("st"), mode="2026-07-28", cache=None) as client:
+            result = await client.call_tool(
+                "slow_progress", {"steps": steps, "delay_s": 0.02}, progress_callback=on_progress
+            )
+        return result.content[0].text, seen
+
+    results = await asyncio.gather(run(2), run(3), run(4))
+    assert results == [
+        ("done after 2 steps", [1, 2]),
+        ("done after 3 steps", [1, 2, 3]),
+        ("done after 4 steps", [1, 2, 3, 4]),
+    ]
+    assert len([p for p in proxy.transport.stdio.processes() if p.shared]) == 1
+
+
+async def test_delete_ends_the_sessions_process(proxy: RunningProxy, http: aiohttp.ClientSession):
+    """DELETE stops the session's process; the session then answers 404."""
+    raw = RawMcp(http, proxy.mcp_url("st"))
+    await raw.initialize()
+    assert raw.session_id
+    process = proxy.transport.stdio.session(proxy.app[CONFIG].upstreams["st"], raw.session_id)
+    assert process is not None
+    assert process.pid is not None
+    pid = process.pid
+    assert await raw.delete() == 200
+    await _wait_for(lambda: not _alive(pid))
+    after = await raw.post({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+    assert after.status == 404
+    assert after.json()["error"]["data"]["reason"] == "session_not_found"
+
+
+async def test_a_crashed_child_ends_its_session(proxy: RunningProxy, http: aiohttp.ClientSession):
+    """A process dying mid-call fails that call, ends the session (404), and is reaped."""
+    raw = RawMcp(http, proxy.mcp_url("st"))
+    await raw.initialize()
+    process = proxy.transport.stdio.session(proxy.app[CONFIG].upstreams["st"], raw.session_id or "")
+    assert process is not None
+    answer = await raw.post(
+        {"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "die"}}
+    )
+    assert answer.status in (200, 404)
+    if answer.status == 200:
+        assert "error" in answer.last or answer.last["result"]["isError"]
+    await _wait_for(lambda: process.exited.is_set())
+    after = await raw.post({"jsonrpc": "2.0", "id": 5, "method": "ping"})
+    assert after.status == 404
+
+
+async def test_a_crashed_shared_process_is_replaced(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+):
+    """When the shared modern process dies, the next modern request starts a new one."""
+    raw = RawMcp(http, proxy.mcp_url("st"))
+    assert (await raw.call_modern(1, "echo", {"text": "a"})).status == 200
+    (first,) = [p for p in proxy.transport.stdio.processes() if p.shared]
+    await raw.call_modern(2, "die", {})
+    await _wait_for(lambda: first.exited.is_set())
+    again = await raw.call_modern(3, "echo", {"text": "b"})
+    assert json.loads(again.messages[-1])["result"]["content"][0]["text"] == "b"
+    (second,) = [p for p in proxy.transport.stdio.processes() if p.shared]
+    assert second.pid != first.pid
+
+
+async def test_idle_processes_are_reaped(tmp_path: Path, http: aiohttp.ClientSession):
+    """A session process with nothing in flight is ended after the idle period."""
+    upstreams = {"st": stdio_upstream("st")}
+    async with running_proxy(upstreams, tmp_path, stdio_idle_s=0.3) as proxy:
+        raw = RawMcp(http, proxy.mcp_url("st"))
+        await raw.initialize()
+        (process,) = proxy.transport.stdio.processes()
+        assert process.pid is not None
+        pid = process.pid
+        await _wait_for(lambda: not _alive(pid))
+        assert proxy.transport.stdio.processes() == []
+        assert (await raw.post({"jsonrpc": "2.0", "id": 1, "method": "ping"})).status == 404
+
+
+async def test_shutdown_ends_every_process(tmp_path: Path, http: aiohttp.ClientSession):
+    """Stopping the proxy ends the session processes and the shared one."""
+    upstreams = {"st": stdio_upstream("st")}
+    async with running_proxy(upstreams, tmp_path) as proxy:
+        await RawMcp(http, proxy.mcp_url("st")).initialize()
+        await RawMcp(http, proxy.mcp_url("st")).call_modern(1, "echo", {"text": "x"})
+        pids = [p.pid for p in proxy.transport.stdio.processes()]
+    assert len(pids) == 2
+    await _wait_for(lambda: not any(_alive(pid) for pid in pids if pid is not None))
+
+
+async def test_a_command_that_cannot_start_is_a_clear_error(
+    tmp_path: Path, http: aiohttp.ClientSession
+):
+    """An upstream whose command does not exist gets a JSON-RPC error; the proxy stays up."""
+    upstreams = {
+        "broken": stdio_upstream("broken", ("/nonexistent/interlock-test-binary",)),
+        "st": stdio_upstream("st"),
+    }
+    async with running_proxy(upstreams, tmp_path) as proxy:
+        answer = await RawMcp(http, proxy.mcp_url("broken")).initialize()
+        assert answer.status == 200
+        error = answer.json()["error"]
+        assert error["data"]["reason"] == "upstream_unreachable"
+        assert (await RawMcp(http, proxy.mcp_url("st")).initialize()).status == 200
+
+
+async def test_get_stream_opens_once_per_session(proxy: RunningProxy, http: aiohttp.ClientSession):
+    """A session's GET stream opens as SSE, a second one is refused (409), DELETE ends it."""
+    raw = RawMcp(http, proxy.mcp_url("st"))
+    await raw.initialize()
+    headers = raw.headers({"Accept": "text/event-stream"})
+    async with http.get(proxy.mcp_url("st"), headers=headers) as stream:
+        assert stream.status == 200
+        async with http.get(proxy.mcp_url("st"), headers=headers) as second:
+            assert second.status == 409
+        assert await raw.delete() == 200
+        async with asyncio.timeout(10):
+            await stream.read()
