@@ -33,7 +33,7 @@ from ledger.operations import (
 )
 from ledger.states import EntryState
 from ledger.views import ClaimRequest, ClaimResult, EntryView, TransitionView
-from ledger.writer import GroupCommitWriter
+from ledger.writer import GroupCommitWriter, WriterStats
 from policies.model import LedgerSettings
 
 __all__ = ["LedgerStore", "utcnow"]
@@ -117,6 +117,11 @@ class LedgerStore:
     def owner(self) -> str:
         """This replica's id."""
         return self._owner
+
+    @property
+    def writer_stats(self) -> WriterStats:
+        """Group commits so far and the write operations they carried."""
+        return self._writer.stats
 
     @property
     def settings(self) -> LedgerSettings:

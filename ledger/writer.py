@@ -30,11 +30,19 @@ from ledger.db import Engines, is_retryable, translate_errors
 from ledger.errors import LedgerError, LedgerUnavailable
 from ledger.operations import Operation
 
-__all__ = ["GroupCommitWriter"]
+__all__ = ["GroupCommitWriter", "WriterStats"]
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
 _MAX_TRIES = 5  # a batch rerun after losing a key race or a deadlock; each rerun sees more rows
+
+
+@dataclass(frozen=True, slots=True)
+class WriterStats:
+    """How much the writer has committed: `operations / batches` is the mean batch size."""
+
+    batches: int
+    operations: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +67,8 @@ class GroupCommitWriter:
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
         self._closed = False
         self._conn: AsyncConnection | None = None
+        self._batches = 0
+        self._operations = 0
         self._task = asyncio.create_task(self._run(), name="ledger-group-commit")
 
     async def submit(self, op: Operation[T]) -> T:
@@ -73,6 +83,11 @@ class GroupCommitWriter:
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Pending(op, future))
         return await future
+
+    @property
+    def stats(self) -> WriterStats:
+        """Committed batches and the operations in them, since the writer started."""
+        return WriterStats(self._batches, self._operations)
 
     async def close(self) -> None:
         """Commit what is queued, then stop."""
@@ -127,6 +142,8 @@ class GroupCommitWriter:
                     continue
                 _fail(batch, error)
                 return
+            self._batches += 1
+            self._operations += len(batch)
             for pending, result in zip(batch, results, strict=True):
                 if pending.future.done():
                     continue

@@ -1,0 +1,166 @@
+"""Races on one key — between tasks, stores and processes — on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from ledger import ClaimResult, EntryState, LedgerStore
+from ledger.batch import OpContext
+from ledger.db import open_engines
+from ledger.operations import _new_row, _start_attempt
+from ledger.queries import ENTRIES
+from policies.model import LedgerSettings
+from tests import ledger_fixtures
+from tests.ledger_fixtures import LedgerBackend, claim_request
+
+ledger_backend = ledger_fixtures.ledger_backend
+ledger_url = ledger_fixtures.ledger_url
+ledger_settings = ledger_fixtures.ledger_settings
+ledger_store = ledger_fixtures.ledger_store
+
+REPO = Path(__file__).resolve().parents[2]
+_DEADLINE_S = 60
+
+
+def _kinds(results: list[ClaimResult]) -> list[str]:
+    return sorted(r.kind for r in results)
+
+
+async def test_fifty_tasks_racing_one_key_yield_exactly_one_new(ledger_store: LedgerStore) -> None:
+    """Fifty concurrent claims of one key: one runs, forty-nine are told it is in progress."""
+    results = await asyncio.gather(*(ledger_store.claim(claim_request("k")) for _ in range(50)))
+    assert _kinds(results) == ["in_progress"] * 49 + ["new"]
+    assert len({r.entry.id for r in results}) == 1
+    assert len(await ledger_store.list_entries()) == 1
+
+
+async def test_group_commit_shares_transactions(ledger_settings: LedgerSettings) -> None:
+    """Concurrent claims share commits with group commit on, and take one each with it off."""
+    for group_commit, check in ((True, lambda b: b < 10), (False, lambda b: b == 50)):
+        settings = LedgerSettings(url=ledger_settings.url, group_commit=group_commit)
+        store = await LedgerStore.open(settings, owner="r")
+        try:
+            keys = [f"gc-{group_commit}-{i}" for i in range(50)]
+            results = await asyncio.gather(*(store.claim(claim_request(k)) for k in keys))
+            assert {r.kind for r in results} == {"new"}
+            assert store.writer_stats.operations == 50
+            assert check(store.writer_stats.batches), store.writer_stats
+        finally:
+            await store.close()
+
+
+@pytest.fixture
+async def two_stores(ledger_settings: LedgerSettings) -> AsyncIterator[list[LedgerStore]]:
+    stores = [await LedgerStore.open(ledger_settings, owner=f"replica-{i}") for i in range(2)]
+    try:
+        yield stores
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_two_replicas_racing_one_key(two_stores: list[LedgerStore]) -> None:
+    """Two stores (two writers, two connections) racing one key: still exactly one new."""
+    claims = [store.claim(claim_request("k")) for _ in range(25) for store in two_stores]
+    results = await asyncio.gather(*claims)
+    assert _kinds(results) == ["in_progress"] * 49 + ["new"]
+    owner = next(r.entry.owner for r in results if r.kind == "new")
+    assert {r.entry.owner for r in results} == {owner}
+
+
+async def _spawn(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.ledger_child",
+        *args,
+        cwd=REPO,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+
+
+async def _read_json(proc: asyncio.subprocess.Process) -> dict[str, Any]:
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), _DEADLINE_S)
+    assert line, f"child exited with {await proc.wait()}"
+    decoded: dict[str, Any] = json.loads(line)
+    return decoded
+
+
+async def test_two_processes_racing_one_key(ledger_store: LedgerStore, ledger_url: str) -> None:
+    """Two processes fire 25 claims each at one key at the same moment: exactly one new."""
+    children = [await _spawn("race", ledger_url, "k", "25") for _ in range(2)]
+    try:
+        for child in children:
+            assert (await _read_json(child)) == {"ready": True}
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write(b"go\n")
+            await child.stdin.drain()
+        reports = [await _read_json(child) for child in children]
+        for child in children:
+            assert await asyncio.wait_for(child.wait(), _DEADLINE_S) == 0
+    finally:
+        for child in children:
+            if child.returncode is None:
+                child.kill()
+                await child.wait()
+    kinds = sorted(k for report in reports for k in report["kinds"])
+    assert kinds == ["in_progress"] * 49 + ["new"]
+    assert {i for report in reports for i in report["ids"]} == {
+        e.id for e in await ledger_store.list_entries()
+    }
+
+
+async def test_claim_that_loses_the_insert_race_sees_the_winner(
+    ledger_store: LedgerStore, ledger_settings: LedgerSettings, ledger_backend: LedgerBackend
+) -> None:
+    """A claim blocked behind another transaction's uncommitted insert of its key answers
+    in_progress with the winner's entry once that transaction commits (no duplicate, no error)."""
+    engines = open_engines(ledger_settings)
+    ctx = OpContext(ledger_fixtures.FakeClock()(), "other-replica", 30, 64, 64)
+    req = claim_request("k")
+    winner = _new_row(req, ctx, EntryState.RUNNING)
+    _start_attempt(winner, req, ctx)
+    try:
+        async with engines.write.connect() as conn:
+            transaction = await conn.begin()
+            await conn.execute(sa.insert(ENTRIES), [winner.values()])
+            claim = asyncio.create_task(ledger_store.claim(req))
+            if ledger_backend.name == "postgres":
+                assert await _waits_for_a_lock(engines.read), "the claim never reached the insert"
+            await transaction.commit()
+            result = await asyncio.wait_for(claim, _DEADLINE_S)
+    finally:
+        await engines.dispose()
+    assert (result.kind, result.entry.id, result.entry.owner) == (
+        "in_progress",
+        winner.id,
+        "other-replica",
+    )
+
+
+async def _waits_for_a_lock(engine: Any) -> bool:
+    """Poll (bounded) until some backend of this database waits on a lock."""
+    query = sa.text(
+        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE NOT l.granted AND a.datname = current_database()"
+    )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    async with engine.connect() as conn:
+        while loop.time() < deadline:
+            if (await conn.execute(query)).scalar():
+                return True
+            await conn.rollback()
+            await asyncio.sleep(0.01)
+    return False
