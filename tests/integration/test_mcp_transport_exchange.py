@@ -1,0 +1,270 @@
+"""The `send_upstream` contract: one exchange, its relayed messages, and the errors it raises.
+
+These drive the transport's exchanges directly (HTTP and stdio) against real upstreams, so the
+pipeline can rely on exactly which `proxy.errors` type each failure is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from policies.model import UpstreamSpec
+from proxy.errors import (
+    UpstreamLost,
+    UpstreamNotReached,
+    UpstreamPressure,
+    UpstreamRefused,
+    UpstreamTimeout,
+)
+from proxy.jsonrpc import dumps
+from proxy.mcp_http_upstream import HttpUpstreams, exchange_http
+from proxy.mcp_stdio import StdioProcess
+from tests.integration.mcp_proxy_harness import ENVELOPE, MODERN, http_upstream, stdio_upstream
+from tests.integration.mcp_servers import RunningUpstream, running_upstream
+
+
+class Collected:
+    """A relay that keeps what it is given (the messages a client would have been sent)."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.comments: list[bytes] = []
+
+    async def message(self, data: bytes) -> None:
+        self.messages.append(json.loads(data))
+
+    async def comment(self, raw: bytes) -> None:
+        self.comments.append(raw)
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[RunningUpstream]:
+    with running_upstream() as running:
+        yield running
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[HttpUpstreams]:
+    upstreams = HttpUpstreams()
+    yield upstreams
+    await upstreams.close()
+
+
+def _request(request_id: Any, tool: str, token: Any = None, **arguments: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = dict(ENVELOPE)
+    if token is not None:
+        meta["progressToken"] = token
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments, "_meta": meta},
+    }
+
+
+def _headers(tool: str) -> dict[str, str]:
+    return {
+        "accept": "application/json, text/event-stream",
+        "content-type": "application/json",
+        "mcp-protocol-version": MODERN,
+        "mcp-method": "tools/call",
+        "mcp-name": tool,
+    }
+
+
+async def _exchange(
+    pool: HttpUpstreams,
+    spec: UpstreamSpec,
+    message: dict[str, Any],
+    *,
+    relay: Collected | None = None,
+    timeout_s: float = 10.0,
+    cancel: asyncio.Event | None = None,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    return await exchange_http(
+        pool.session(spec),
+        spec,
+        request_id=message["id"],
+        body=dumps(message),
+        headers=headers or _headers(message["params"]["name"]),
+        relay=relay or Collected(),
+        timeout_s=timeout_s,
+        cancel=cancel,
+    )
+
+
+async def _wait_for(predicate: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_http_exchange_relays_progress_before_the_answer(
+    pool: HttpUpstreams, upstream: RunningUpstream
+):
+    """Progress for the request is relayed as it comes; the answer is returned with its bytes."""
+    relay = Collected()
+    spec = http_upstream("up", upstream.url)
+    answer = await _exchange(
+        pool, spec, _request(5, "slow_progress", token="t5", steps=2), relay=relay
+    )
+    assert answer["id"] == 5
+    assert answer["result"]["content"][0]["text"] == "done after 2 steps"
+    assert [m["params"]["progress"] for m in relay.messages] == [1, 2]
+    assert json.loads(answer.raw) == answer  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("status", "error"), [(429, UpstreamPressure), (503, UpstreamPressure)])
+async def test_http_pressure_is_upstream_pressure_with_its_headers(
+    pool: HttpUpstreams, upstream: RunningUpstream, status: int, error: type[Exception]
+):
+    """429/503 before processing raise UpstreamPressure carrying Retry-After; nothing ran."""
+    spec = http_upstream("up", upstream.url)
+    before = upstream.stats()["emails_total"]
+    upstream.control(reject_next=1, status=status, retry_after="4")
+    with pytest.raises(error) as caught:
+        await _exchange(pool, spec, _request(1, "send_email", to="a@b", subject="s"))
+    assert caught.value.status == status  # type: ignore[attr-defined]
+    assert caught.value.headers["Retry-After"] == "4"  # type: ignore[attr-defined]
+    assert upstream.stats()["emails_total"] == before
+
+
+async def test_http_other_statuses_are_upstream_refused(
+    pool: HttpUpstreams, upstream: RunningUpstream
+):
+    """A non-2xx answer that is not pressure (here 404: unknown session) is UpstreamRefused."""
+    spec = http_upstream("up", upstream.url)
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "content-type": "application/json",
+        "mcp-session-id": "no-such-session",
+        "mcp-protocol-version": "2025-11-25",
+    }
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "echo"}}
+    with pytest.raises(UpstreamRefused) as caught:
+        await _exchange(pool, spec, message, headers=headers)
+    assert caught.value.status == 404
+
+
+async def test_http_connection_refused_is_not_reached(pool: HttpUpstreams):
+    """Nothing listening on the port: UpstreamNotReached (certainly not executed)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    spec = http_upstream("down", f"http://127.0.0.1:{port}/mcp")
+    with pytest.raises(UpstreamNotReached):
+        await _exchange(pool, spec, _request(1, "echo", text="x"))
+
+
+async def test_http_timeout_is_upstream_timeout_and_aborts_the_call(
+    pool: HttpUpstreams, upstream: RunningUpstream
+):
+    """No answer within the attempt timeout: UpstreamTimeout, and the upstream call is aborted."""
+    spec = http_upstream("up", upstream.url)
+    with pytest.raises(UpstreamTimeout):
+        await _exchange(pool, spec, _request(1, "hold", seconds=30, tag="x-timeout"), timeout_s=0.5)
+    await _wait_for(lambda: "x-timeout" in upstream.stats()["cancelled"])
+
+
+async def test_http_cancel_event_aborts_as_upstream_lost(
+    pool: HttpUpstreams, upstream: RunningUpstream
+):
+    """The client going away (modern era) aborts the upstream call and raises UpstreamLost."""
+    spec = http_upstream("up", upstream.url)
+    gone = asyncio.Event()
+    call = asyncio.create_task(
+        _exchange(pool, spec, _request(1, "hold", seconds=30, tag="x-gone"), cancel=gone)
+    )
+    await _wait_for(lambda: "x-gone" in upstream.stats()["started"])
+    gone.set()
+    with pytest.raises(UpstreamLost):
+        await call
+    await _wait_for(lambda: "x-gone" in upstream.stats()["cancelled"])
+
+
+async def test_http_upstream_dying_mid_call_is_upstream_lost(pool: HttpUpstreams):
+    """The upstream process exiting after receiving the call: UpstreamLost (outcome unknown)."""
+    with running_upstream() as doomed:
+        spec = http_upstream("doomed", doomed.url)
+        with pytest.raises(UpstreamLost) as caught:
+            await _exchange(pool, spec, _request(1, "die"))
+    assert not isinstance(caught.value, UpstreamTimeout)
+
+
+# --- stdio ---
+
+
+@pytest.fixture
+async def shared() -> AsyncIterator[StdioProcess]:
+    process = StdioProcess(stdio_upstream("st"), shared=True, max_line_bytes=1 << 20)
+    await process.start()
+    yield process
+    await process.close()
+
+
+async def test_stdio_exchange_rewrites_ids_and_tokens_and_restores_them(shared: StdioProcess):
+    """Two requests with the same id and token on one process each get their own progress/answer."""
+    relays = [Collected(), Collected()]
+    answers = await asyncio.gather(
+        *(
+            shared.exchange(
+                _request(1, "slow_progress", token=1, steps=steps, delay_s=0.02),
+                raw=None,
+                relay=relay,
+                timeout_s=20,
+            )
+            for steps, relay in zip((2, 3), relays, strict=True)
+        )
+    )
+    assert [a["id"] for a in answers] == [1, 1]
+    assert [a["result"]["content"][0]["text"] for a in answers] == [
+        "done after 2 steps",
+        "done after 3 steps",
+    ]
+    assert [[m["params"]["progress"] for m in r.messages] for r in relays] == [[1, 2], [1, 2, 3]]
+    assert all(m["params"]["progressToken"] == 1 for r in relays for m in r.messages)
+
+
+async def test_stdio_timeout_cancels_the_request_in_the_process(shared: StdioProcess):
+    """A stdio attempt past its timeout raises UpstreamTimeout and the process stops the call."""
+    with pytest.raises(UpstreamTimeout):
+        await shared.exchange(
+            _request(1, "hold", seconds=30, tag="s-timeout"),
+            raw=None,
+            relay=Collected(),
+            timeout_s=0.5,
+        )
+    counts = await shared.exchange(_request(2, "count"), raw=None, relay=Collected(), timeout_s=10)
+    state = counts["result"]["structuredContent"]
+    assert "s-timeout" in state["cancelled"]
+
+
+async def test_stdio_process_dying_mid_call_is_upstream_lost(shared: StdioProcess):
+    """A process exiting mid-call fails it with UpstreamLost; later sends are NotReached."""
+    with pytest.raises(UpstreamLost):
+        await shared.exchange(_request(1, "die"), raw=None, relay=Collected(), timeout_s=20)
+    await asyncio.wait_for(shared.exited.wait(), 10)
+    with pytest.raises(UpstreamNotReached):
+        await shared.exchange(
+            _request(2, "echo", text="x"), raw=None, relay=Collected(), timeout_s=5
+        )
+
+
+async def test_stdio_command_that_cannot_start_is_not_reached():
+    """A missing program raises UpstreamNotReached at start."""
+    process = StdioProcess(
+        stdio_upstream("missing", ("/nonexistent/interlock-test",)),
+        shared=False,
+        max_line_bytes=1024,
+    )
+    with pytest.raises(UpstreamNotReached):
+        await process.start()
