@@ -313,7 +313,7 @@ def decide_entry(
         retry = bounded_retry_after(config, _estimated_wait_s(state, full))
         return Reject(Refusal("overloaded", full.name, retry))
     deadline = min(request.deadline, now + patience)
-    return Queue(deadline, min(now + AGEING_FRACTION * patience, deadline), scopes)
+    return Queue(deadline, now + AGEING_FRACTION * patience, scopes)
 
 
 def _full_queue(state: AdmissionState, scopes: tuple[Scope, ...]) -> Scope | None:

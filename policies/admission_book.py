@@ -28,7 +28,7 @@ from policies.admission import (
     deadline_refusal,
     decide_entry,
 )
-from policies.admission_fairness import select_starts
+from policies.admission_fairness import Shape, select_from_queues, shape_of
 from policies.model import Config, WorkClass
 
 __all__ = [
@@ -95,6 +95,7 @@ class AdmissionBook:
         self._turns: dict[tuple[WorkClass, str], int] = {}
         self._band_waiting: dict[tuple[WorkClass, str], int] = {}
         self._waiters: dict[int, Waiter] = {}
+        self._queues: dict[Shape, dict[int, Waiter]] = {}  # one FIFO per shape, for dispatch
         self._holds: dict[int, Hold] = {}
         self._paused: set[str] = set()
         self._stopping = False
@@ -200,6 +201,7 @@ class AdmissionBook:
             next(self._seq), request, decision.scopes, now, decision.deadline, decision.lift_at
         )
         self._waiters[waiter.seq] = waiter
+        self._queues.setdefault(shape_of(waiter), {})[waiter.seq] = waiter
         self._count_queued(decision.scopes, 1)
         key = (request.work_class, request.tenant)
         if key not in self._turns:
@@ -209,28 +211,35 @@ class AdmissionBook:
 
     def withdraw(self, waiter: Waiter) -> bool:
         """Take a call out of the run queue (cancelled or expired); False if it was not there."""
-        if self._waiters.pop(waiter.seq, None) is None:
+        if not self._unqueue(waiter):
             return False
-        self._count_queued(waiter.scopes, -1)
         self._leave_band(waiter, served=False)
         return True
 
     def dispatch(self, now: float) -> Dispatched:
-        """Start every queued call that may start now, and drop those whose wait ran out."""
+        """Start every queued call that may start now (refusing expired queue heads on the way)."""
         if not self._waiters:
             return Dispatched([], [])
-        chosen = select_starts(self.config, self.state(), list(self._waiters.values()), now)
+        queues = [queue.values() for queue in self._queues.values()]
+        chosen = select_from_queues(self.config, self.state(), queues, now)
         expired: list[tuple[Waiter, Refusal]] = []
         for waiter, refusal in chosen.expired:
             if self.withdraw(waiter):
                 expired.append((waiter, refusal))
         started: list[tuple[Waiter, Running]] = []
         for waiter in chosen.starts:
-            del self._waiters[waiter.seq]
-            self._count_queued(waiter.scopes, -1)
+            self._unqueue(waiter)
             self._leave_band(waiter, served=True)
             started.append((waiter, self.start(waiter.request, waiter.scopes, now)))
         return Dispatched(started, expired)
+
+    def expire(self, now: float) -> list[tuple[Waiter, Refusal]]:
+        """Refuse every queued call whose wait ran out (a full scan; the runtime uses timers)."""
+        late = [w for w in self._waiters.values() if w.deadline <= now]
+        refusals = [(w, self.deadline_refusal(w)) for w in late]
+        for waiter in late:
+            self.withdraw(waiter)
+        return refusals
 
     def hold(self, request: AdmissionRequest, scopes: tuple[Scope, ...], now: float) -> Hold:
         """Count a call that waits for a cooldown as queued in its scopes."""
@@ -280,6 +289,17 @@ class AdmissionBook:
         return queued
 
     # -- internals -----------------------------------------------------------------------
+
+    def _unqueue(self, waiter: Waiter) -> bool:
+        if self._waiters.pop(waiter.seq, None) is None:
+            return False
+        shape = shape_of(waiter)
+        queue = self._queues[shape]
+        del queue[waiter.seq]
+        if not queue:
+            del self._queues[shape]
+        self._count_queued(waiter.scopes, -1)
+        return True
 
     def _count_queued(self, scopes: tuple[Scope, ...], delta: int) -> None:
         for scope in scopes:

@@ -16,14 +16,16 @@ those that fit every scope they touch, until none fits:
    twice while another tenant of the band waits with a call that fits; then that tenant's
    oldest fitting call.
 
-Calls whose wait has run out are returned as refusals (`deadline`), and calls to an upstream in
-cooldown are not started.
+Calls of the same *shape* (band and scopes) are interchangeable for every rule above except
+arrival order, so the engine works on queues of one shape each, looking only at their heads:
+a dispatch costs O(shapes × scopes) per start, not O(waiting calls). Calls to an upstream in
+cooldown are not started; a head whose wait has run out is refused (`deadline`) on the way.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from policies.admission import (
@@ -37,8 +39,9 @@ from policies.admission import (
 )
 from policies.model import WORK_CLASSES, Config, WorkClass
 
-__all__ = ["Dispatch", "select_starts"]
+__all__ = ["Dispatch", "Shape", "select_from_queues", "select_starts", "shape_of"]
 
+Shape = tuple[WorkClass, tuple[str, ...]]
 _NON_CRITICAL: tuple[WorkClass, ...] = tuple(b for b in WORK_CLASSES if b != "critical")
 
 
@@ -50,56 +53,120 @@ class Dispatch:
     expired: tuple[tuple[Waiter, Refusal], ...]
 
 
+def shape_of(waiter: Waiter) -> Shape:
+    """What makes two waiting calls interchangeable for admission: band and scopes."""
+    return (waiter.request.work_class, tuple(scope.name for scope in waiter.scopes))
+
+
 def select_starts(
     config: Config, state: AdmissionState, waiters: Iterable[Waiter], now: float
 ) -> Dispatch:
-    """Which waiting calls may start now, given the counts in `state`."""
-    expired: list[tuple[Waiter, Refusal]] = []
-    pool: list[Waiter] = []
+    """Which of `waiters` (in arrival order) may start now, given the counts in `state`."""
+    queues: dict[Shape, list[Waiter]] = {}
     for waiter in waiters:
-        if waiter.deadline <= now:
-            expired.append((waiter, deadline_refusal(config, state, waiter)))
-        elif state.cooldown_until.get(waiter.request.upstream, -math.inf) <= now:
-            pool.append(waiter)
+        queues.setdefault(shape_of(waiter), []).append(waiter)
+    return select_from_queues(config, state, queues.values(), now)
+
+
+def select_from_queues(
+    config: Config, state: AdmissionState, queues: Iterable[Iterable[Waiter]], now: float
+) -> Dispatch:
+    """`select_starts` over queues that each hold calls of one shape, in arrival order.
+
+    Only queue heads are examined, so an expired call behind a live head is left for the
+    caller's own timer (or `AdmissionBook.expire`).
+    """
+    expired: list[tuple[Waiter, Refusal]] = []
+    heads: list[_Head] = []
+    for queue in queues:
+        rest = iter(queue)
+        first = _next_live(rest, config, state, now, expired)
+        if first is not None and not _cooling(state, first, now):
+            heads.append(_Head(first, rest))
     load = Load(state)
     turns: dict[tuple[WorkClass, str], int] = {}
     next_turn = max(state.turns.values(), default=0) + 1
     starts: list[Waiter] = []
-    while pool:
-        fitting = [w for w in pool if _fits(config, w, load)]
+    while heads:
+        room: dict[tuple[str, WorkClass], bool] = {}  # heads share scopes: judge each once
+        fitting = [h for h in heads if _fits(config, h.waiter, load, room)]
         if not fitting:
             break
-        pick = _choose(config, fitting, load, state, turns, now)
+        head = _choose(config, fitting, load, state, turns, now)
+        pick = head.waiter
         starts.append(pick)
-        pool.remove(pick)
         load.add(pick.scopes, pick.request.work_class)
         turns[(pick.request.work_class, pick.request.tenant)] = next_turn
         next_turn += 1
+        following = _next_live(head.rest, config, state, now, expired)
+        if following is None:
+            heads.remove(head)
+        else:
+            head.waiter = following
     return Dispatch(tuple(starts), tuple(expired))
 
 
-def _fits(config: Config, waiter: Waiter, load: Load) -> bool:
+@dataclass(slots=True)
+class _Head:
+    """The oldest live call of one queue, and the rest of that queue."""
+
+    waiter: Waiter
+    rest: Iterator[Waiter]
+
+
+def _next_live(
+    rest: Iterator[Waiter],
+    config: Config,
+    state: AdmissionState,
+    now: float,
+    expired: list[tuple[Waiter, Refusal]],
+) -> Waiter | None:
+    """The next call of a queue still inside its deadline; expired ones are refused on the way."""
+    for waiter in rest:
+        if waiter.deadline > now:
+            return waiter
+        expired.append((waiter, deadline_refusal(config, state, waiter)))
+    return None
+
+
+def _cooling(state: AdmissionState, waiter: Waiter, now: float) -> bool:
+    return state.cooldown_until.get(waiter.request.upstream, -math.inf) > now
+
+
+def _fits(
+    config: Config, waiter: Waiter, load: Load, room: dict[tuple[str, WorkClass], bool]
+) -> bool:
     band = waiter.request.work_class
-    return all(has_room(config, scope, band, load) for scope in waiter.scopes)
+    for scope in waiter.scopes:
+        if scope.limits.max_running is None:
+            continue
+        key = (scope.name, band)
+        fits = room.get(key)
+        if fits is None:
+            fits = room[key] = has_room(config, scope, band, load)
+        if not fits:
+            return False
+    return True
 
 
 def _choose(
     config: Config,
-    fitting: list[Waiter],
+    fitting: list[_Head],
     load: Load,
     state: AdmissionState,
     turns: dict[tuple[WorkClass, str], int],
     now: float,
-) -> Waiter:
-    band = _pick_band(config, fitting, load, now)
-    in_band = [w for w in fitting if w.request.work_class == band]
+) -> _Head:
+    band = _pick_band(config, [h.waiter for h in fitting], load, now)
+    in_band = [h for h in fitting if h.waiter.request.work_class == band]
 
-    def turn(waiter: Waiter) -> tuple[int, int]:
-        key = (band, waiter.request.tenant)
-        return (turns.get(key, state.turns.get(key, 0)), waiter.seq)
+    def turn(head: _Head) -> tuple[int, int]:
+        key = (band, head.waiter.request.tenant)
+        return (turns.get(key, state.turns.get(key, 0)), head.waiter.seq)
 
-    tenant = min(in_band, key=turn).request.tenant
-    return min((w for w in in_band if w.request.tenant == tenant), key=lambda w: w.seq)
+    tenant = min(in_band, key=turn).waiter.request.tenant
+    own = (h for h in in_band if h.waiter.request.tenant == tenant)
+    return min(own, key=lambda h: h.waiter.seq)
 
 
 def _pick_band(config: Config, fitting: list[Waiter], load: Load, now: float) -> WorkClass:
