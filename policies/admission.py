@@ -9,6 +9,9 @@ work-conserving. Which waiting call starts next is `policies.admission_fairness`
 
 A band's patience is min(band max_wait_s, max_wait_s of every scope the call touches that sets
 one). With patience 0 (interactive, by default) a call that does not fit is refused at once.
+While its upstream cools down, a call that may queue waits the cooldown out if it ends before the
+call's deadline (the upstream said when to come back, so patience does not cut this wait short);
+otherwise it is refused with reason `cooldown`. Calls waiting out a cooldown count as queued.
 
 `retry_after_s` is never a guess from nowhere: for a full scope it is (calls queued there + 1) ×
 recent mean service time / max_running; for a cooldown it is the remaining cooldown. It is
