@@ -21,10 +21,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
-from opentelemetry.trace import Status, StatusCode
 
 from policies.answers import outcome_unknown, refused
 from policies.model import UpstreamSpec
@@ -48,7 +48,7 @@ from proxy.mcp_reply import ClientReply, Relay
 from proxy.mcp_state import MCP_TRANSPORT
 from proxy.mcp_stdio import StdioProcess
 from proxy.state import CONFIG, RUNTIME
-from proxy.telemetry import call_span, inject_headers
+from proxy.telemetry import Attr, call_span, inject_headers, mark_error, mcp_span_name
 
 __all__ = [
     "HttpChannel",
@@ -205,30 +205,33 @@ def traced(
     tool = message.params.get("name") if method == "tools/call" else None
     target = tool if isinstance(tool, str) else spec.name
     attributes: dict[str, Any] = {
-        "mcp.method.name": method,
-        "mcp.session.id": session_id,
-        "mcp.protocol.version": protocol_version,
-        "jsonrpc.request.id": None if message.id is None else str(message.id),
-        "interlock.upstream": spec.name,
-        "network.transport": "pipe" if spec.kind == "mcp_stdio" else "tcp",
+        Attr.MCP_METHOD: method,
+        Attr.MCP_SESSION_ID: session_id,
+        Attr.MCP_PROTOCOL_VERSION: protocol_version,
+        Attr.JSONRPC_REQUEST_ID: None if message.id is None else str(message.id),
+        Attr.UPSTREAM: spec.name,
+        Attr.NETWORK_TRANSPORT: "pipe" if spec.kind == "mcp_stdio" else "tcp",
     }
+    if spec.url:
+        url = urlsplit(spec.url)
+        attributes[Attr.SERVER_ADDRESS] = url.hostname
+        attributes[Attr.SERVER_PORT] = url.port
     if method == "tools/call":
-        attributes["gen_ai.operation.name"] = "execute_tool"
-        attributes["gen_ai.tool.name"] = target
+        attributes[Attr.GEN_AI_OPERATION] = "execute_tool"
+        attributes[Attr.GEN_AI_TOOL] = target
     outcome = CallOutcome()
     started = time.perf_counter()
     with call_span(
-        f"{method} {target}", attributes=attributes, headers=headers, meta=message.meta
+        mcp_span_name(method, target), attributes=attributes, headers=headers, meta=message.meta
     ) as span:
         try:
             yield outcome
         except BaseException as exc:
-            outcome.error_type = type(exc).__name__
+            outcome.error_type = type(exc).__qualname__
             raise
         finally:
             if outcome.error_type is not None:
-                span.set_attribute("error.type", outcome.error_type)
-                span.set_status(Status(StatusCode.ERROR))
+                mark_error(span, outcome.error_type)
             metrics.operation_duration(
                 method, spec.name, time.perf_counter() - started, outcome.error_type
             )
