@@ -146,7 +146,7 @@ async def _cmd_list(args: argparse.Namespace, settings: LedgerSettings, out: Con
     table = Table("id", "state", "attempt", "tenant", "upstream", "tool", "key", "updated", "why")
     for e in entries:
         table.add_row(
-            e.id[:12],
+            e.id,
             _state(e.state),
             str(e.attempt),
             e.tenant,
