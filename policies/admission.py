@@ -3,9 +3,10 @@
 A call touches several *scopes*, each with its limits: `global`, `tenant:<t>`, `run:<r>` (with a
 run id), `upstream:<u>`, `cost_class:<c>` (when set and configured) and `class:<band>` (counted,
 never limited). It may start only when every scope has room. Work classes are priority bands:
-in a scope limited to N running calls, `critical` keeps a reserve of ceil(share × N) slots (at
-least 1 when N ≥ 2, never all N) that no other band may take; other bands share the rest,
-work-conserving. Which waiting call starts next is `policies.admission_fairness`.
+in a scope limited to N running calls, `critical` keeps a reserve of floor(share × N) slots (never
+all N) that no other band may take; other bands share the rest, work-conserving. A small scope
+(10 % of N < 1) keeps no reserve, so `max_running: 2` really admits two calls; critical calls
+still start first whenever a slot frees there. Which waiting call starts next is `policies.admission_fairness`.
 
 A band's patience is min(band max_wait_s, max_wait_s of every scope the call touches that sets
 one). With patience 0 (interactive, by default) a call that does not fit is refused at once.
@@ -224,7 +225,7 @@ def critical_reserve(config: Config, max_running: int) -> int:
     share = band_of(config, "critical").share
     if max_running < 2 or share <= 0:
         return 0
-    return min(max_running - 1, max(1, math.ceil(share * max_running - _SHARE_EPSILON)))
+    return min(max_running - 1, math.floor(share * max_running + _SHARE_EPSILON))
 
 
 def has_room(config: Config, scope: Scope, band: WorkClass, load: Load) -> bool:

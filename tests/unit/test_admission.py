@@ -96,8 +96,10 @@ def test_admits_when_every_scope_has_room() -> None:
     ("max_running", "share", "reserve"),
     [
         (1, 0.1, 0),
-        (2, 0.1, 1),
+        (2, 0.1, 0),
+        (9, 0.1, 0),
         (10, 0.1, 1),
+        (19, 0.1, 1),
         (30, 0.1, 3),
         (100, 0.1, 10),
         (8, 0.0, 0),
@@ -105,7 +107,7 @@ def test_admits_when_every_scope_has_room() -> None:
     ],
 )
 def test_critical_reserve(max_running: int, share: float, reserve: int) -> None:
-    """ceil(share × N), at least 1 from N = 2, never the whole scope, none with share 0."""
+    """floor(share × N), never the whole scope, none with share 0 or a scope too small."""
     assert critical_reserve(make_config(critical_share=share), max_running) == reserve
 
 
