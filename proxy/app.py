@@ -79,15 +79,16 @@ async def _ledger_maintenance(app: web.Application) -> None:
     settings = app[CONFIG].ledger
     handle = app[LEDGER]
     while True:
-        if handle.store is None:
+        store = handle.store
+        if store is None:
             await asyncio.sleep(_LEDGER_RETRY_S)
             await _open_ledger(app)
             continue
         try:
-            swept = await handle.store.sweep_expired()
+            swept = await store.sweep_expired()
             if swept:
                 log.warning("%d expired lease(s) marked unknown", swept)
-            await handle.store.purge()
+            await store.purge()
         except LedgerError as exc:
             log.error("ledger maintenance failed: %s", exc)
         await asyncio.sleep(settings.sweep_interval_s)

@@ -50,7 +50,11 @@ async def call(
     if cls:
         meta["interlock/class"] = cls
     async with Client(url, mode="legacy") as client:
-        return await client.call_tool(tool, args, meta=meta)
+        try:
+            return await client.call_tool(tool, args, meta=meta)
+        except MCPError as exc:
+            error = exc  # raised outside the client, where anyio does not wrap it in a group
+    raise error
 
 
 def error_of(exc: MCPError) -> tuple[int, dict[str, Any]]:
@@ -135,30 +139,34 @@ async def test_overflow_is_refused_and_upstream_never_exceeds_its_limit(
 
 
 async def test_upstream_429_starts_a_shared_cooldown(fresh: RunningUpstream, tmp_path: Path):
-    """After HTTP 429 with Retry-After: 2 the upstream receives no call until the cooldown ends."""
+    """After HTTP 429 with Retry-After: 2 the upstream receives no call until the cooldown ends.
+
+    The call that met the 429 is read-only, so it waits the cooldown out and is retried; another
+    interactive caller is refused at once with the remaining time; nothing reaches the upstream
+    while the cooldown lasts.
+    """
     async with running_proxy(config(fresh), tmp_path) as proxy:
         url = proxy.mcp_url("up")
-        async with Client(url, mode="legacy") as client:
-            await client.list_tools()
+        async with Client(url, mode="legacy") as first, Client(url, mode="legacy") as other:
+            await first.list_tools()
             fresh.control(reject_next=1, status=429, retry_after="2", methods=["tools/call"])
             before = fresh.stats()["calls"].get("search_docs", 0)
-            with pytest.raises(MCPError) as first:
-                await client.call_tool("search_docs", {"query": "a"})
-            refused_at = time.monotonic()
-            with pytest.raises(MCPError) as second:
-                await client.call_tool("search_docs", {"query": "b"})
-            assert time.monotonic() - refused_at < 2
-            assert fresh.stats()["calls"].get("search_docs", 0) == before
-            code, data = error_of(first.value)
-            assert code == -32050
-            assert data["reason"] in {"upstream", "cooldown"}
-            code, data = error_of(second.value)
+            waiting = asyncio.create_task(first.call_tool("search_docs", {"query": "a"}))
+            deadline = time.monotonic() + 5
+            while proxy.scheduler.cooldown_remaining("up") <= 0:
+                assert time.monotonic() < deadline, "the 429 did not start a cooldown"
+                await asyncio.sleep(0.01)
+            assert proxy.scheduler.cooldown_remaining("up") > 1.5
+            with pytest.raises(MCPError) as refused:
+                await other.call_tool("search_docs", {"query": "b"})
+            code, data = error_of(refused.value)
             assert code == -32050
             assert data["reason"] == "cooldown"
             assert 0 < data["retry_after_s"] <= 2
-            remaining = proxy.scheduler.cooldown_remaining("up")
-            await asyncio.sleep(remaining + 0.05)  # the cooldown itself is the thing under test
-            result = await client.call_tool("search_docs", {"query": "c"})
+            while proxy.scheduler.cooldown_remaining("up") > 0.05:
+                assert fresh.stats()["calls"].get("search_docs", 0) == before
+                await asyncio.sleep(0.1)
+            result = await asyncio.wait_for(waiting, 10)
     assert not result.is_error
     assert fresh.stats()["calls"]["search_docs"] == before + 1
 
@@ -207,18 +215,18 @@ async def test_timeout_becomes_unknown_and_blocks_the_key_until_resolved(
 async def test_ledger_down_fails_closed_for_side_effects_only(
     fresh: RunningUpstream, tmp_path: Path
 ):
-    """With no ledger, side-effecting calls get -32054 and are not sent; read-only calls pass."""
-    async with running_proxy(config(fresh), tmp_path) as proxy:
-        store = proxy.app[LEDGER].store
-        proxy.app[LEDGER].store = None
-        proxy.app[LEDGER].error = "disk full (test)"
-        try:
-            url = proxy.mcp_url("up")
-            with pytest.raises(MCPError) as caught:
-                await call(url, "send_email", {"to": "d@x", "subject": "s"})
-            read = await call(url, "search_docs", {"query": "q"})
-        finally:
-            proxy.app[LEDGER].store = store
+    """With the ledger's database unreachable, side effects get -32054 unsent; reads still pass."""
+    down = config(fresh).replace(
+        'url: "sqlite:///ledger.db"', 'url: "postgresql+asyncpg://postgres@127.0.0.1:9/none"'
+    )
+    async with running_proxy(down, tmp_path) as proxy:
+        assert proxy.app[LEDGER].store is None
+        url = proxy.mcp_url("up")
+        with pytest.raises(MCPError) as caught:
+            await call(url, "send_email", {"to": "d@x", "subject": "s"})
+        async with Client(url, mode="legacy") as client:
+            await client.list_tools()  # teaches the proxy that search_docs is read-only
+            read = await client.call_tool("search_docs", {"query": "q"})
     code, data = error_of(caught.value)
     assert code == -32054
     assert data["reason"] == "ledger_unavailable"
