@@ -100,7 +100,7 @@ async def _check(store: LedgerStore, ids: dict[str, str]) -> None:
 
 
 @settings(
-    max_examples=40,
+    max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
