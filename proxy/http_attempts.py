@@ -250,13 +250,16 @@ async def relay(call: HttpCall, opened: Opened, *, collect: bool) -> bytes:
         if keep and (collect or size <= _USAGE_BODY_CAP):
             parts.append(chunk)
             size += len(chunk)
+        last = response.content.at_eof()  # then the end marker goes out with this chunk
         if client_here:
             try:
-                await call.downstream.write(chunk)
+                await (call.downstream.end(chunk) if last else call.downstream.write(chunk))
             except CLIENT_GONE:
                 client_here = False
                 if not collect:
                     break
+        if last:
+            break
         chunk = await read_chunk(response)
     body = b"".join(parts)
     if stream_usage is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -74,6 +75,7 @@ _REQUEST_ONLY_HERE = frozenset({"host", "content-length", "expect"})
 _CONTROL_PREFIX = "x-interlock-"
 _PRESSURE_BODY_CAP = 64 * 1024
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+_ESCAPING_CHARS = re.compile(r"[/\\\x00-\x1f\x7f]")
 
 
 class UnsafePath(ValueError):
@@ -103,10 +105,11 @@ def split_route(raw_path: str) -> tuple[str, str]:
 def _check_segment(segment: str) -> None:
     decoded = segment
     for _ in range(3):  # double or triple encoding must not smuggle a dot segment or a slash
-        if decoded in (".", "..") or "/" in decoded or "\\" in decoded:
-            raise UnsafePath(f"path segment {segment!r} could escape the upstream's base URL")
-        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in decoded):
-            raise UnsafePath(f"path segment {segment!r} contains a control character")
+        if decoded in (".", "..") or _ESCAPING_CHARS.search(decoded):
+            raise UnsafePath(
+                f"path segment {segment!r} could escape the upstream's base URL "
+                "or holds a control character"
+            )
         if "%" not in decoded:
             return
         decoded = unquote(decoded)
@@ -128,13 +131,19 @@ def upstream_url(base_url: str, raw_tail: str, query_string: str = "") -> URL:
             raise UnsafePath("empty path segments ('//') are not allowed")
         if segment:
             _check_segment(segment)
-    base = URL(base_url)
-    prefix = base.raw_path.rstrip("/")
+    origin, prefix, where = _base(base_url)
     query = f"?{query_string}" if query_string else ""
-    target = URL(f"{base.origin()}{prefix}/{raw_tail}{query}", encoded=True)
-    if (target.scheme, target.host, target.port) != (base.scheme, base.host, base.port):
+    target = URL(f"{origin}{prefix}/{raw_tail}{query}", encoded=True)
+    if (target.scheme, target.host, target.port) != where:
         raise UnsafePath("the target left the upstream's host")  # defence in depth
     return target
+
+
+@functools.lru_cache(maxsize=64)
+def _base(base_url: str) -> tuple[str, str, tuple[str, str | None, int | None]]:
+    """The configured base URL's origin, path prefix and (scheme, host, port), parsed once."""
+    base = URL(base_url)
+    return str(base.origin()), base.raw_path.rstrip("/"), (base.scheme, base.host, base.port)
 
 
 # -------------------------------------------------------------------------- pure: headers
@@ -252,6 +261,16 @@ async def read_chunk(response: aiohttp.ClientResponse) -> bytes:
 # ------------------------------------------------------------------------------ downstream
 
 
+class _RelayedResponse(web.StreamResponse):
+    """A relayed answer: its head goes out with the first body chunk, in one write.
+
+    The first chunk is already in hand when the head is sent, so holding the head back delays
+    nothing (aiohttp's `web.Response` does the same for a complete body).
+    """
+
+    _send_headers_immediately = False
+
+
 def sse_error_event(body: Mapping[str, Any]) -> bytes:
     """An SSE `error` event both the OpenAI and the Anthropic SDKs raise on."""
     payload = {"type": "error", **body}
@@ -311,7 +330,7 @@ class Downstream:
     async def start(self, status: int, headers: CIMultiDict[str]) -> web.StreamResponse:
         """Send the upstream's status and headers; the body follows through `write`."""
         assert self.response is None, "start() after the response was committed"
-        self.response = web.StreamResponse(status=status, headers=headers)
+        self.response = _RelayedResponse(status=status, headers=headers)
         await self.response.prepare(self._request)
         return self.response
 
@@ -319,9 +338,10 @@ class Downstream:
         assert self.response is not None
         await self.response.write(chunk)
 
-    async def end(self) -> web.StreamResponse:
+    async def end(self, last_chunk: bytes = b"") -> web.StreamResponse:
+        """Finish the body (with its last chunk, sent with the end marker); idempotent."""
         assert self.response is not None
-        await self.response.write_eof()
+        await self.response.write_eof(last_chunk)
         return self.response
 
     async def fail(self, answer: Answer, *, event_stream: bool) -> web.StreamResponse:

@@ -93,6 +93,9 @@ class FakeProvider:
     action_gate: asyncio.Event | None = None
     stream_chunks: int = 3
     chunk_delay_s: float = 0.0
+    keep_received: bool = True
+    """False (benchmarks): only count requests, do not keep them."""
+    total: int = 0
 
     def script(self, *items: Behaviour | str) -> None:
         """Queue behaviours for the next requests, in order."""
@@ -100,7 +103,9 @@ class FakeProvider:
 
     def count(self, path: str | None = None) -> int:
         """Requests received so far (to `path` only, if given)."""
-        return sum(1 for r in self.received if path is None or r.path == path)
+        if path is None:
+            return self.total
+        return sum(1 for r in self.received if r.path == path)
 
     def _next(self) -> Behaviour:
         return self.plan.popleft() if self.plan else Behaviour()
@@ -239,7 +244,9 @@ class _Handlers:
             body=body,
             at=time.monotonic(),
         )
-        self.p.received.append(received)
+        self.p.total += 1
+        if self.p.keep_received:
+            self.p.received.append(received)
         return received, self.p._next()
 
     async def misbehave(self, request: web.Request, b: Behaviour) -> web.StreamResponse | None:
@@ -261,7 +268,7 @@ class _Handlers:
             return answer
         payload = json.loads(received.body or b"{}")
         model = payload.get("model", "fake-model")
-        n = len(self.p.received)
+        n = self.p.total
         if not payload.get("stream"):
             if b.kind == "die":
                 return self._drop(request)
@@ -276,7 +283,7 @@ class _Handlers:
             return answer
         payload = json.loads(received.body or b"{}")
         model = payload.get("model", "fake-claude")
-        n = len(self.p.received)
+        n = self.p.total
         if not payload.get("stream"):
             if b.kind == "die":
                 return self._drop(request)
@@ -298,7 +305,7 @@ class _Handlers:
             return self._drop(request)
         return web.json_response(
             {
-                "id": f"act_{len(self.p.received)}",
+                "id": f"act_{self.p.total}",
                 "executed": self.p.executions[key],
                 "echo": json.loads(received.body or b"null"),
             },

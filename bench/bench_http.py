@@ -1,0 +1,315 @@
+"""The model-API proxy's cost: req/s and CPU per request through Interlock vs direct vs bare.
+
+Three routes to the same fake provider (`tests/integration/fake_provider.py`, its own process):
+- direct: the load generator calls the provider itself;
+- bare: through a minimal aiohttp pass-through (its own process, below: forwards method, path,
+  headers and body bytes, streams the answer back, parses nothing) — the floor any proxy pays;
+- interlock: through `interlock serve` (`python -m proxy.cli serve`, its own process; telemetry
+  disabled so this table shows the proxy's own work — `bench_telemetry` prices the spans).
+
+Bodies: a JSON chat completion, and a streamed one (SSE, 20 content chunks and a usage chunk).
+Concurrency 1, 16 and 64. CPU is the user+system time of the middle process (psutil), divided by
+the requests it served; the load generator and the provider are not counted. All traffic stays
+on 127.0.0.1. Each cell runs for a fixed time; req/s depends on the machine (2 shared cores here:
+the load generator, the provider and the middle process compete), CPU/request much less so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import psutil
+from aiohttp import web
+
+from bench.common import Table
+
+__all__ = ["run"]
+
+_ROOT = Path(__file__).resolve().parents[1]
+_START_TIMEOUT_S = 30.0
+_CONCURRENCY = (1, 16, 64)
+_STREAM_CHUNKS = 20
+_CHAT = {"model": "bench", "messages": [{"role": "user", "content": "hello"}]}
+_STREAM = {**_CHAT, "stream": True, "stream_options": {"include_usage": True}}
+_HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host"}
+)
+_GOALS = {"json": 1.5, "stream": 1.3}
+
+
+@dataclass
+class Cell:
+    requests: int
+    errors: int
+    seconds: float
+    cpu_s: float | None
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    @property
+    def cpu_ms(self) -> float | None:
+        return None if self.cpu_s is None else self.cpu_s / max(self.requests, 1) * 1e3
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def _process(args: list[str], ready_url: str) -> AsyncIterator[psutil.Process]:
+    """A child process, yielded once `ready_url` answers; stopped with SIGTERM (then SIGKILL)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INTERLOCK_")}
+    env["INTERLOCK_LOG_LEVEL"] = "ERROR"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *args,
+        cwd=_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        await _wait_ready(ready_url, proc)
+        yield psutil.Process(proc.pid)
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await asyncio.wait_for(proc.wait(), 5)
+
+
+async def _wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
+        while time.monotonic() < deadline:
+            if proc.returncode is not None:
+                raise RuntimeError(f"{url}: the process exited with {proc.returncode}")
+            with contextlib.suppress(OSError, asyncio.TimeoutError):
+                async with session.get(url) as response:
+                    if response.status < 500:
+                        return
+            await asyncio.sleep(0.1)  # polling a starting process, bounded by the deadline
+    raise RuntimeError(f"{url} did not become ready")
+
+
+def _proxy_config(folder: Path, port: int, provider: str) -> Path:
+    path = folder / "interlock.yaml"
+    text = f"""
+        listen: "127.0.0.1:{port}"
+        ledger: {{url: "sqlite:///ledger.db", durability: normal}}
+        telemetry: {{enabled: false}}
+        limits:
+          global: {{max_running: 512, max_pending: 1024}}
+          tenant: {{max_running: 256, max_pending: 1024}}
+        upstreams:
+          llm: {{http: "{provider}"}}
+    """
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+# ------------------------------------------------------------------------------- load
+
+
+async def _drive(
+    url: str, body: bytes, concurrency: int, seconds: float, proc: psutil.Process | None
+) -> Cell:
+    """`concurrency` clients sending `body` back to back for `seconds`."""
+    done = errors = 0
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    headers = {"Content-Type": "application/json", "X-Interlock-Class": "background"}
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+
+        async def client(stop_at: float) -> None:
+            nonlocal done, errors
+            while time.monotonic() < stop_at:
+                async with session.post(url, data=body) as response:
+                    await response.read()
+                    done += 1
+                    errors += response.status != 200
+
+        await asyncio.gather(*(client(time.monotonic() + 0.2) for _ in range(concurrency)))
+        done = errors = 0  # the warm-up above opened the connections
+        before = proc.cpu_times() if proc else None
+        started = time.monotonic()
+        await asyncio.gather(*(client(started + seconds) for _ in range(concurrency)))
+        elapsed = time.monotonic() - started
+        after = proc.cpu_times() if proc else None
+    cpu = None
+    if before is not None and after is not None:
+        cpu = (after.user - before.user) + (after.system - before.system)
+    return Cell(requests=done, errors=errors, seconds=elapsed, cpu_s=cpu)
+
+
+async def _run(quick: bool) -> list[Table]:
+    seconds = 0.4 if quick else 1.0
+    rounds = 1 if quick else 2
+    concurrency = (1, 16) if quick else _CONCURRENCY
+    bodies = {"json": json.dumps(_CHAT).encode(), "stream": json.dumps(_STREAM).encode()}
+    provider_port, bare_port, proxy_port = _free_port(), _free_port(), _free_port()
+    provider_url = f"http://127.0.0.1:{provider_port}"
+    routes: dict[str, str] = {
+        "direct": f"{provider_url}/v1/chat/completions",
+        "bare": f"http://127.0.0.1:{bare_port}/v1/chat/completions",
+        "interlock": f"http://127.0.0.1:{proxy_port}/http/llm/v1/chat/completions",
+    }
+    cells: dict[tuple[str, str, int], Cell] = {}
+    with tempfile.TemporaryDirectory(prefix="interlock-bench-http-") as tmp:
+        config = _proxy_config(Path(tmp), proxy_port, provider_url)
+        module = "bench.bench_http"
+        async with (
+            _process(["-m", module, "--provider", str(provider_port)], f"{provider_url}/v1/models"),
+            _process(
+                ["-m", module, "--bare", str(bare_port), provider_url],
+                f"http://127.0.0.1:{bare_port}/v1/models",
+            ) as bare,
+            _process(
+                ["-m", "proxy.cli", "serve", "--config", str(config)],
+                f"http://127.0.0.1:{proxy_port}/healthz",
+            ) as proxy,
+        ):
+            middle = {"direct": None, "bare": bare, "interlock": proxy}
+            # Rounds interleave the routes; the least disturbed run of each cell counts (lowest
+            # CPU per request, else highest rate), since other work may share the machine.
+            for _ in range(rounds):
+                for kind, body in bodies.items():
+                    for n in concurrency:
+                        for route, url in routes.items():
+                            got = await _drive(url, body, n, seconds, middle[route])
+                            best = cells.get((kind, route, n))
+                            if best is None or _better(got, best):
+                                cells[(kind, route, n)] = got
+    return [_table(cells, concurrency, seconds, rounds)]
+
+
+def _better(new: Cell, old: Cell) -> bool:
+    if new.cpu_ms is not None and old.cpu_ms is not None:
+        return new.cpu_ms < old.cpu_ms
+    return new.rate > old.rate
+
+
+def _table(
+    cells: dict[tuple[str, str, int], Cell],
+    concurrency: tuple[int, ...],
+    seconds: float,
+    rounds: int,
+) -> Table:
+    rows: list[list[str]] = []
+    verdicts: list[str] = []
+    for kind in ("json", "stream"):
+        for n in concurrency:
+            bare_ms = cells[(kind, "bare", n)].cpu_ms
+            for route in ("direct", "bare", "interlock"):
+                cell = cells[(kind, route, n)]
+                ratio = "—"
+                if cell.cpu_ms is not None and bare_ms:
+                    ratio = f"{cell.cpu_ms / bare_ms:.2f}×"
+                cpu = "—" if cell.cpu_ms is None else f"{cell.cpu_ms:.3f}"
+                rows.append([kind, str(n), route, f"{cell.rate:.0f}", cpu, ratio, str(cell.errors)])
+            mine = cells[(kind, "interlock", n)].cpu_ms
+            if mine is not None and bare_ms:
+                ratio = mine / bare_ms
+                verdict = "meets" if ratio <= _GOALS[kind] else "misses"
+                verdicts.append(f"{kind}@{n}: {ratio:.2f}× ({verdict} ≤{_GOALS[kind]}×)")
+    note = (
+        f"Each cell: {seconds:g} s after a 0.2 s warm-up, best of {rounds} interleaved round(s). "
+        "CPU ms/req is the middle process's "
+        "user+system time per request (none for direct). Goal: Interlock ≤ 1.5× bare for JSON, "
+        "≤ 1.3× for streaming. " + "; ".join(verdicts)
+    )
+    return Table(
+        title="HTTP proxy: req/s and CPU per request (fake model provider on 127.0.0.1)",
+        columns=["body", "concurrency", "route", "req/s", "CPU ms/req", "vs bare", "errors"],
+        rows=rows,
+        note=note,
+    )
+
+
+def run(quick: bool = False) -> list[Table]:
+    """req/s and CPU/request through Interlock, direct, and a bare pass-through."""
+    return asyncio.run(_run(quick))
+
+
+# ------------------------------------------------------------------- child processes
+
+
+def _serve_provider(port: int) -> None:
+    from tests.integration.fake_provider import FakeProvider, make_app
+
+    provider = FakeProvider(stream_chunks=_STREAM_CHUNKS, keep_received=False)
+    web.run_app(make_app(provider), host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+def _bare_app(target: str) -> web.Application:
+    """The floor: forward bytes both ways with one pooled session, and parse nothing."""
+    sessions: list[aiohttp.ClientSession] = []
+
+    async def session_ctx(_app: web.Application) -> AsyncIterator[None]:
+        sessions.append(aiohttp.ClientSession(auto_decompress=False))
+        yield
+        await sessions[0].close()
+
+    def keep(headers: Mapping[str, str]) -> dict[str, str]:
+        return {k: v for k, v in headers.items() if k.lower() not in _HOP_BY_HOP}
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        async with sessions[0].request(
+            request.method,
+            target + request.raw_path,
+            headers=keep(request.headers),
+            data=body,
+            allow_redirects=False,
+        ) as upstream:
+            headers = keep(upstream.headers)
+            headers.pop("Content-Length", None)
+            response = web.StreamResponse(status=upstream.status, headers=headers)
+            await response.prepare(request)
+            while chunk := await upstream.content.readany():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    app = web.Application()
+    app.cleanup_ctx.append(session_ctx)
+    app.router.add_route("*", "/{tail:.*}", forward)
+    return app
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--provider":
+        _serve_provider(int(sys.argv[2]))
+    elif len(sys.argv) == 4 and sys.argv[1] == "--bare":
+        web.run_app(
+            _bare_app(sys.argv[3]),
+            host="127.0.0.1",
+            port=int(sys.argv[2]),
+            access_log=None,
+            print=None,
+        )
+    else:
+        raise SystemExit("usage: make bench (runs python -m bench http)")
