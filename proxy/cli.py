@@ -116,11 +116,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    default_level = "WARNING" if args.command == "demo" else "INFO"
     logging.basicConfig(
-        level=os.environ.get("INTERLOCK_LOG_LEVEL", "INFO").upper(),
+        level=os.environ.get("INTERLOCK_LOG_LEVEL", default_level).upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    args = build_parser().parse_args(argv)
     try:
         if args.command == "serve":
             return _cmd_serve(args)

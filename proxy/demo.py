@@ -184,23 +184,32 @@ async def _background(url: str, rows: list[_Row]) -> None:
 
 async def _duplicate(url: str, rows: list[_Row]) -> None:
     from mcp import Client
+    from mcp.shared.exceptions import MCPError
 
-    console.rule("3. The same email delivered twice (an agent retried after a lost answer)")
+    console.rule("3. The same email delivered again (an agent retried after a lost answer)")
     args = {"to": "ops@example.com", "subject": "Deploy done", "body": "All green."}
     reworded = {**args, "body": "Everything is green now."}
     async with Client(url, mode="legacy") as client:
         first = await client.call_tool("send_email", args)
-        second = await client.call_tool("send_email", reworded)
+        second = await client.call_tool("send_email", args)
+        try:
+            await client.call_tool("send_email", reworded)
+            third = "sent (unexpected)"
+        except MCPError as exc:
+            third = f"refused: {_error_data(exc).get('reason')} (code {exc.error.code})"
         stats = await client.call_tool("demo_stats", {})
     replayed = (second.meta or {}).get("interlock/replayed")
-    counts = json.loads(stats.content[0].text)  # type: ignore[union-attr]
-    console.print(f"  first:  {first.content[0].text}")  # type: ignore[union-attr]
-    console.print(f"  second: replayed={replayed} (key from fields to+subject; body reworded)")
+    counts = stats.structured_content or {}
+    if "result" in counts and isinstance(counts["result"], dict):
+        counts = counts["result"]
+    console.print(f"  first:     {first.content[0].text}")  # type: ignore[union-attr]
+    console.print(f"  again:     replayed from the ledger = {replayed}")
+    console.print(f"  reworded:  {third} — the key is to+subject, so the rewording is caught")
     console.print(f"  upstream's own counter: send_email ran {counts.get('send_email')} time(s)")
     rows.append(
         _Row(
             "duplicate",
-            "second delivery answered from the ledger",
+            "the retry was replayed, a reworded retry refused",
             f"upstream counted {counts.get('send_email')} execution(s)",
         )
     )
