@@ -44,13 +44,14 @@ async def provider() -> AsyncIterator[FakeProvider]:
         yield p
 
 
-def config(provider: FakeProvider) -> str:
+def config(provider: FakeProvider, timeout_s: float = 5) -> str:
     return f"""
         ledger: {{url: "sqlite:///ledger.db"}}
         defaults: {{timeout_s: 5, deadline_s: 10}}
         upstreams:
           llm:
             http: "{provider.url}"
+            timeout_s: {timeout_s}
         """
 
 
@@ -169,3 +170,83 @@ async def test_side_effecting_http_call_records_ledger_steps(
     assert names.index("interlock.upstream.attempt") < names.index("interlock.ledger.finish")
     for span in receiver.spans:
         assert all("wire-transfer-991" not in str(v) for v in span.attributes.values())
+
+
+class Gaps:
+    """Missing telemetry in pipeline files this suite does not own: while any is open the test
+    ends as xfail naming the file and attribute; when all are fixed it simply passes."""
+
+    def __init__(self) -> None:
+        self.open: list[str] = []
+
+    def check(self, ok: bool, what: str) -> None:
+        if not ok:
+            self.open.append(what)
+
+    def report(self) -> None:
+        if self.open:
+            pytest.xfail("; ".join(self.open))
+
+
+async def test_refused_http_call(
+    provider: FakeProvider, receiver: OtlpReceiver, traced: TelemetryHandle, tmp_path: Path
+) -> None:
+    """A refusal during a cooldown: why and where on the server span, nothing sent upstream."""
+    caller = Caller()
+    async with running_proxy(config(provider), tmp_path) as proxy:
+        proxy.scheduler.start_cooldown("llm", 30)
+        url = f"{proxy.base}/http/llm/v1/chat/completions"
+        body = {"model": "fake-4o", "messages": [{"role": "user", "content": "hi"}]}
+        async with (
+            ClientSession() as session,
+            session.post(url, json=body, headers=caller.headers) as answer,
+        ):
+            assert answer.status in (429, 503)
+        root = await server_tree(receiver, caller)
+    attrs = root.span.attributes
+    assert provider.received == []
+    assert attrs["interlock.admission.decision"] == "rejected"
+    assert attrs["interlock.admission.reason"] == "cooldown"
+    assert attrs["interlock.admission.scope"] == "upstream:llm"
+    assert attrs["error.type"] == "cooldown"
+    assert root.find("interlock.upstream.attempt") == []
+    gaps = Gaps()
+    gaps.check(
+        root.span.status == "ERROR" or attrs["http.response.status_code"] < 500,
+        "http_calls.py: server span status ERROR for the proxy's own 5xx answers",
+    )
+    gaps.check(
+        attrs.get("interlock.cooldown_s", 0) > 0,
+        "http_calls.py: interlock.cooldown_s on a cooldown refusal",
+    )
+    gaps.report()
+
+
+async def test_http_timeout_becomes_unknown(
+    provider: FakeProvider, receiver: OtlpReceiver, traced: TelemetryHandle, tmp_path: Path
+) -> None:
+    """A side-effecting POST that stalls past its timeout: ledger state unknown, HTTP 504."""
+    caller = Caller()
+    provider.script("stall")
+    async with running_proxy(config(provider, timeout_s=0.3), tmp_path) as proxy:
+        url = f"{proxy.base}/http/llm/v1/actions"
+        headers = caller.headers | {"Idempotency-Key": "wire-1"}
+        async with (
+            ClientSession() as session,
+            session.post(url, json={"amount": 5}, headers=headers) as answer,
+        ):
+            assert answer.status == 504
+        root = await server_tree(receiver, caller)
+    attrs = root.span.attributes
+    assert attrs["interlock.ledger.state"] == "unknown"
+    assert attrs["error.type"] == "outcome_unknown"
+    (attempt,) = root.find("interlock.upstream.attempt")
+    assert attempt.span.status == "ERROR"
+    assert attempt.span.attributes["error.type"] == "UpstreamTimeout"
+    assert root.find("interlock.ledger.finish")
+    gaps = Gaps()
+    gaps.check(
+        root.span.status == "ERROR",
+        "http_calls.py: server span status ERROR for the proxy's own 5xx answers",
+    )
+    gaps.report()
