@@ -16,7 +16,7 @@ from aiohttp import web
 from ledger import LedgerError, LedgerStore
 from policies.budget import RetryBudgets
 from policies.model import Config
-from proxy import admin, health
+from proxy import admin, health, tool_catalog
 from proxy.http_routes import setup_http
 from proxy.mcp_routes import setup_mcp
 from proxy.metrics_http import setup_metrics
@@ -56,6 +56,7 @@ def create_app(config: Config, *, replica_id: str | None = None) -> web.Applicat
     app[ANNOTATIONS] = {}
     app[RETRY_BUDGETS] = RetryBudgets(config.upstreams, clock=time.monotonic)
     app.cleanup_ctx.append(_ledger_ctx)
+    tool_catalog.setup(app)
     health.setup(app)
     admin.setup(app)
     setup_metrics(app)

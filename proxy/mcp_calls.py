@@ -31,7 +31,8 @@ from proxy.mcp_context import (
 from proxy.mcp_forwarding import ForwardPlan, forward_with_retries
 from proxy.mcp_side_effects import run_side_effect
 from proxy.scheduler import AdmissionRefused, Slot
-from proxy.state import ANNOTATIONS, CONFIG, LEDGER, SCHEDULER
+from proxy.state import CONFIG, LEDGER, SCHEDULER
+from proxy.tool_catalog import learn_annotations, tool_annotations
 
 __all__ = ["McpCallContext", "Notify", "SendUpstream", "handle_tools_call"]
 
@@ -61,8 +62,13 @@ async def handle_tools_call(
         return _invalid_params(request, f"bad_{exc.name}", str(exc))
     tool: str = params["name"]
     arguments = params.get("arguments") or {}
-    annotations = ctx.app[ANNOTATIONS].get(ctx.upstream.name, {}).get(tool)
-    policy = classify_tool(config, ctx.upstream.name, tool, annotations)
+    policy = classify_tool(
+        config, ctx.upstream.name, tool, tool_annotations(ctx.app, ctx.upstream.name, tool)
+    )
+    if policy.source == "default":  # neither a rule nor annotations: learn them before deciding
+        await learn_annotations(ctx.app, ctx.upstream)
+        annotations = tool_annotations(ctx.app, ctx.upstream.name, tool)
+        policy = classify_tool(config, ctx.upstream.name, tool, annotations)
     key = decide_key(
         policy.key,
         explicit=attrs.idempotency_key,
