@@ -291,6 +291,10 @@ def _over_budget(call: HttpCall) -> Answer | None:
     if verdict.allowed:
         return None
     scope = f"tenant:{call.attrs.tenant}"
+    if call.app[CONFIG].mode == "observe":  # counted and traced, not enforced
+        metrics.would_reject("budget", scope, call.upstream.name)
+        call.span.set_attribute("interlock.would_reject", "budget")
+        return None
     metrics.budget_exhausted(call.attrs.tenant)
     metrics.refusal("budget", scope, call.upstream.name)
     call.span.set_attributes(

@@ -17,7 +17,8 @@ Behaviours (`Behaviour` values, or the shorthand strings of `behaviour()`):
 
 Routes: `POST /v1/chat/completions` (OpenAI), `POST /v1/messages` (Anthropic), `POST /v1/actions`
 (a side-effecting JSON endpoint counting executions per `Idempotency-Key` in
-`provider.executions`), `GET /v1/models`, and anything else → 404.
+`provider.executions`), `GET /v1/models`, `PUT /v1/blobs/{name}` (echoes the upload's size and
+sha256; sets `provider.blob_started` at its first bytes), and anything else → 404.
 
 Streams honour `provider.first_chunk_seen`: when `provider.gate_streams` is true, a stream sends
 its first chunk, then waits (bounded) until the test sets that event before sending the rest, so a
@@ -30,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import hashlib
 import json
 import time
 from collections import Counter, deque
@@ -93,6 +95,8 @@ class FakeProvider:
     action_gate: asyncio.Event | None = None
     stream_chunks: int = 3
     chunk_delay_s: float = 0.0
+    blob_started: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when `PUT /v1/blobs/...` has received the first bytes of its body."""
     keep_received: bool = True
     """False (benchmarks): only count requests, do not keep them."""
     total: int = 0
@@ -313,6 +317,25 @@ class _Handlers:
             headers={"X-Fake-Action": "done"},
         )
 
+    async def blobs(self, request: web.Request) -> web.StreamResponse:
+        """Echo an upload's size and digest; tells the test when the first bytes arrived."""
+        first = await request.content.readany()
+        self.p.blob_started.set()
+        body = first + await request.content.read()
+        self.p.total += 1
+        if self.p.keep_received:
+            self.p.received.append(
+                Received(
+                    request.method,
+                    request.path,
+                    request.query_string,
+                    dict(request.headers),
+                    body,
+                    time.monotonic(),
+                )
+            )
+        return web.json_response({"bytes": len(body), "sha256": hashlib.sha256(body).hexdigest()})
+
     async def models(self, request: web.Request) -> web.StreamResponse:
         _, b = await self.record(request)
         if (answer := await self.misbehave(request, b)) is not None:
@@ -362,6 +385,7 @@ def make_app(provider: FakeProvider) -> web.Application:
     app.router.add_post("/v1/messages", handlers.messages)
     app.router.add_post("/v1/actions", handlers.actions)
     app.router.add_get("/v1/models", handlers.models)
+    app.router.add_put("/v1/blobs/{name}", handlers.blobs)
     app.router.add_route("*", "/{tail:.*}", handlers.other)
     return app
 

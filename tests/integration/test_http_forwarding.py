@@ -261,3 +261,67 @@ async def test_hop_by_hop_headers_are_not_forwarded(
     assert seen.headers.get("X-End") == "2"
     assert "X-Hop" not in seen.headers
     assert "TE" not in seen.headers
+
+
+async def test_request_body_is_streamed_through(provider: FakeProvider, tmp_path: Path) -> None:
+    """A body the proxy does not need to read (read-only by rule, not JSON, with a length) is
+    streamed: the upstream sees its first bytes before the client has sent the rest."""
+    rule = 'tools: [{match: "PUT /v1/blobs/*", side_effect: false}]'
+    first, rest = b"a" * 1000, b"b" * 2000
+
+    async def upload() -> AsyncIterator[bytes]:
+        yield first
+        async with asyncio.timeout(BOUNDED_S):
+            await provider.blob_started.wait()
+        yield rest
+
+    async with running_proxy(config(provider, rule), tmp_path) as proxy:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.put(
+                f"{proxy.base}/http/fake/v1/blobs/x",
+                data=upload(),
+                headers={"Content-Type": "application/octet-stream", "Content-Length": "3000"},
+            ) as response,
+        ):
+            assert response.status == 200
+            echo = await response.json()
+        assert echo["bytes"] == 3000
+        status, _ = await raw_put(proxy, b"c" * 5000)
+        assert status == 413
+    assert provider.count() == 1
+
+
+async def raw_put(proxy: RunningProxy, body: bytes) -> tuple[int, bytes]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.put(
+            f"{proxy.base}/http/fake/v1/blobs/y",
+            data=body,
+            headers={"Content-Type": "application/octet-stream"},
+        ) as response,
+    ):
+        return response.status, await response.read()
+
+
+async def test_head_request_is_relayed(proxy: RunningProxy, provider: FakeProvider) -> None:
+    """A HEAD answer carries the upstream's headers and no body."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.head(f"{proxy.base}/http/fake/v1/models") as response,
+    ):
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("application/json")
+        assert await response.read() == b""
+    assert provider.received[0].method == "HEAD"
+
+
+async def test_observe_mode_counts_a_budget_refusal_without_enforcing_it(
+    provider: FakeProvider, tmp_path: Path
+) -> None:
+    """In observe mode a tenant over its token budget is still served."""
+    text = config(provider, "mode: observe\n        budgets: {tokens: 10}")
+    async with running_proxy(text, tmp_path) as proxy, openai_client(proxy) as client:
+        for _ in range(3):
+            await client.chat.completions.create(model="m", messages=[])
+    assert provider.count() == 3
