@@ -157,7 +157,8 @@ async def _run(seconds: float) -> list[Table]:
             f"SQLite FULL at 64 writers: group commit {grouped.pairs_per_s:,.0f} pairs/s vs "
             f"{base.pairs_per_s:,.0f} with one commit per write = "
             f"{grouped.pairs_per_s / base.pairs_per_s:.1f}× (goal ≥ 10×, and ≥ 5,000 pairs/s). "
-            f"{seconds:g} s per cell; a fresh SQLite file per cell, one temporary PostgreSQL database."
+            f"{seconds:g} s per cell; a fresh SQLite file per cell, "
+            "one temporary PostgreSQL database."
         )
     return [table]
 
