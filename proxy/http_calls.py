@@ -73,7 +73,6 @@ class HttpCall:
     deadline: float
     span: Span
     downstream: Downstream
-    request_model: str | None = None
     key: KeyDecision | None = None
     slot: Slot | None = None
     attempts: int = 0
@@ -89,7 +88,7 @@ class HttpCall:
         return not isinstance(self.body, aiohttp.StreamReader)
 
     def admission(self) -> AdmissionRequest:
-        now = time.monotonic()
+        """This call (or its next attempt) as the scheduler sees it, arriving now."""
         return AdmissionRequest(
             tenant=self.attrs.tenant,
             work_class=self.work_class,
@@ -99,7 +98,7 @@ class HttpCall:
             tool=self.tool,
             side_effect=self.policy.side_effect,
             deadline=self.deadline,
-            arrived_at=now,
+            arrived_at=time.monotonic(),
         )
 
     def claim_request(self) -> ClaimRequest:

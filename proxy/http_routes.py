@@ -146,7 +146,6 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
                 deadline=time.monotonic() + attrs.deadline_s,
                 span=span,
                 downstream=Downstream(request, sse_while_waiting=streaming),
-                request_model=model if isinstance(model, str) else None,
             )
             return await run_http_call(call)
     finally:

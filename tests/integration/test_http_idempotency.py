@@ -1,0 +1,267 @@
+"""Side-effecting HTTP calls through the proxy: write-ahead, Idempotency-Key semantics, unknowns."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from ledger import LedgerStore
+from tests import ledger_fixtures
+from tests.integration.fake_provider import FakeProvider, running_provider, wait_until
+from tests.integration.proxy_harness import RunningProxy, running_proxy
+
+# `LedgerStore.release_unsent` (running → rejected: certainly not executed) is being added by the
+# ledger's owner; until it lands, the tests that need it are skipped rather than failing.
+needs_release = pytest.mark.skipif(
+    not hasattr(LedgerStore, "release_unsent"), reason="LedgerStore.release_unsent not there yet"
+)
+
+ledger_backend = ledger_fixtures.ledger_backend
+ledger_url = ledger_fixtures.ledger_url
+
+BOUNDED_S = 10.0
+ACTIONS = "/http/fake/v1/actions"
+
+
+def config(provider: FakeProvider, ledger: str, extra: str = "") -> str:
+    return f"""
+        ledger: {{url: "{ledger}", lease_s: 5, max_outcome_bytes: 4096}}
+        defaults: {{timeout_s: 2, deadline_s: 5}}
+        upstreams:
+          fake:
+            http: "{provider.url}"
+            retry: {{max_attempts: 3, base_delay_s: 0.01}}
+        {extra}
+        """
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[FakeProvider]:
+    async with running_provider() as running:
+        yield running
+
+
+@pytest.fixture
+async def proxy(provider: FakeProvider, tmp_path: Path) -> AsyncIterator[RunningProxy]:
+    async with running_proxy(config(provider, "sqlite:///ledger.db"), tmp_path) as running:
+        yield running
+
+
+async def post(
+    proxy: RunningProxy,
+    body: Any,
+    key: str | None = None,
+    path: str = ACTIONS,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    all_headers = {"Idempotency-Key": key} if key else {}
+    all_headers.update(headers or {})
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{proxy.base}{path}", json=body, headers=all_headers) as response,
+    ):
+        async with asyncio.timeout(BOUNDED_S):
+            content = await response.read()
+        return response.status, dict(response.headers), content
+
+
+async def test_duplicate_delivery_executes_once(
+    provider: FakeProvider, tmp_path: Path, ledger_url: str
+) -> None:
+    """Two deliveries at once: one runs, the other gets 409; a later one replays the stored
+    answer byte-identical with Idempotent-Replayed: true. The upstream acted once (both ledgers)."""
+    async with running_proxy(config(provider, ledger_url), tmp_path) as proxy:
+        provider.action_gate = asyncio.Event()
+        body = {"to": "bob@example.com", "amount": 5}
+        first = asyncio.create_task(post(proxy, body, "pay-1"))
+        await wait_until(lambda: provider.executions["pay-1"] == 1)
+        status, _, conflict = await post(proxy, body, "pay-1")
+        assert status == 409
+        assert json.loads(conflict)["error"]["reason"] == "in_progress"
+        provider.action_gate.set()
+        status, headers, original = await first
+        assert status == 201
+        assert "Idempotent-Replayed" not in headers
+        status, headers, replayed = await post(proxy, body, "pay-1")
+        assert status == 201
+        assert headers["Idempotent-Replayed"] == "true"
+        assert headers["X-Fake-Action"] == "done"
+        assert replayed == original
+        entry, _ = await proxy.store.get("pay-1")
+        assert entry.state == "succeeded"
+        assert entry.tool == "POST /v1/actions"
+    assert provider.executions["pay-1"] == 1
+    assert provider.count() == 1
+
+
+async def test_same_key_other_payload_is_422(proxy: RunningProxy, provider: FakeProvider) -> None:
+    """Reusing a key with a different body is refused with 422 and nothing is forwarded."""
+    assert (await post(proxy, {"n": 1}, "k-422"))[0] == 201
+    status, _, body = await post(proxy, {"n": 2}, "k-422")
+    assert status == 422
+    assert json.loads(body)["error"]["reason"] == "idempotency_key_mismatch"
+    assert provider.count() == 1
+
+
+async def test_key_order_does_not_change_the_fingerprint(
+    proxy: RunningProxy, provider: FakeProvider
+) -> None:
+    """The same JSON with keys in another order is the same request (a replay, not a 422)."""
+    await post(proxy, {"a": 1, "b": 2}, "k-order")
+    status, headers, _ = await post(proxy, {"b": 2, "a": 1}, "k-order")
+    assert status == 201
+    assert headers["Idempotent-Replayed"] == "true"
+    assert provider.count() == 1
+
+
+async def test_lost_connection_after_sending_is_unknown_and_never_resent(
+    proxy: RunningProxy, provider: FakeProvider
+) -> None:
+    """An upstream that acts and then drops the connection leaves the entry `unknown` (504 with
+    the entry id); the same key then needs reconciliation (409) and is not sent again."""
+    provider.script("die")
+    status, _, body = await post(proxy, {"n": 1}, "k-lost")
+    error = json.loads(body)["error"]
+    assert status == 504
+    assert (error["reason"], error["state"]) == ("outcome_unknown", "unknown")
+    entry, _ = await proxy.store.get("k-lost")
+    assert entry.state == "unknown"
+    assert error["entry_id"] == entry.id
+    status, _, body = await post(proxy, {"n": 1}, "k-lost")
+    assert status == 409
+    assert json.loads(body)["error"]["state"] == "unknown"
+    assert provider.executions["k-lost"] == 1
+    assert provider.count() == 1
+
+
+async def test_sdk_retries_after_an_unknown_do_not_execute_twice(
+    proxy: RunningProxy, provider: FakeProvider
+) -> None:
+    """The OpenAI SDK retries a 504 and then the 409 with the same Idempotency-Key; the side
+    effect still happens once and the SDK ends with the conflict."""
+    provider.script("die")
+    async with openai.AsyncOpenAI(
+        base_url=f"{proxy.base}/http/fake/v1", api_key="k", max_retries=2
+    ) as client:
+        with pytest.raises(openai.ConflictError):
+            await client.post(
+                "/actions",
+                body={"to": "carol"},
+                cast_to=object,
+                options={"headers": {"Idempotency-Key": "k-sdk"}},
+            )
+    assert provider.executions["k-sdk"] == 1
+
+
+async def test_upstream_500_after_sending_is_unknown(
+    proxy: RunningProxy, provider: FakeProvider
+) -> None:
+    """A 5xx answer to a side-effecting call may hide an effect: the entry becomes unknown."""
+    provider.script("error")
+    status, _, body = await post(proxy, {"n": 1}, "k-500")
+    assert status == 504
+    assert json.loads(body)["error"]["state"] == "unknown"
+    entry, _ = await proxy.store.get("k-500")
+    assert entry.state == "unknown"
+
+
+@needs_release
+async def test_pressure_releases_the_key_for_a_later_send(
+    proxy: RunningProxy, provider: FakeProvider
+) -> None:
+    """A 429 before processing means not executed: the caller is refused with Retry-After, the
+    entry is `rejected`, and the same key runs once the cooldown is over (attempt 2)."""
+    provider.script("429:retry-after:1")
+    status, headers, _ = await post(proxy, {"n": 1}, "k-429")
+    assert status == 429
+    assert headers["Retry-After"] == "1"
+    entry, _ = await proxy.store.get("k-429")
+    assert entry.state == "rejected"
+    await wait_until(lambda: proxy.scheduler.cooldown_remaining("fake") == 0)
+    status, _, _ = await post(proxy, {"n": 1}, "k-429")
+    assert status == 201
+    entry, _ = await proxy.store.get("k-429")
+    assert (entry.state, entry.attempt) == ("succeeded", 2)
+    assert provider.executions["k-429"] == 1
+
+
+async def test_admission_refusal_of_a_side_effect_is_recorded(
+    proxy: RunningProxy, provider: FakeProvider
+) -> None:
+    """A side-effecting call refused by admission (cooldown) is a durable `rejected` entry."""
+    provider.script("429:retry-after:3")
+    await post(proxy, {"warm": 1}, "k-warm")
+    status, _, body = await post(proxy, {"n": 1}, "k-refused")
+    assert status == 429
+    assert json.loads(body)["error"]["idempotency_key"] == "k-refused"
+    entry, _ = await proxy.store.get("k-refused")
+    assert entry.state == "rejected"
+    assert provider.count() == 1
+
+
+@needs_release
+async def test_upstream_4xx_is_relayed_and_the_key_stays_usable(
+    proxy: RunningProxy, provider: FakeProvider
+) -> None:
+    """A 4xx (the upstream refused without acting) is relayed as-is and does not burn the key."""
+    status, _, _ = await post(proxy, {"n": 1}, "k-404", path="/http/fake/v1/unknown-route")
+    assert status == 404
+    entry, _ = await proxy.store.get("k-404")
+    assert entry.state == "rejected"
+    status, _, _ = await post(proxy, {"n": 1}, "k-404", path="/http/fake/v1/unknown-route")
+    assert status == 404
+    assert provider.count() == 2
+
+
+async def test_large_outcome_replays_as_not_retained(
+    proxy: RunningProxy, provider: FakeProvider
+) -> None:
+    """An answer over max_outcome_bytes is kept as a hash; its replay says so."""
+    big = {"blob": "x" * 5000}
+    assert (await post(proxy, big, "k-big"))[0] == 201
+    status, headers, body = await post(proxy, big, "k-big")
+    assert status == 200
+    assert headers["Idempotent-Replayed"] == "true"
+    assert json.loads(body)["outcome_retained"] is False
+    assert provider.count() == 1
+
+
+async def test_derived_key_dedupes_without_an_explicit_key(
+    proxy: RunningProxy, provider: FakeProvider
+) -> None:
+    """Without Idempotency-Key, the derived key (same tenant, path, body) still dedupes."""
+    await post(proxy, {"n": 7})
+    status, headers, _ = await post(proxy, {"n": 7})
+    assert status == 201
+    assert headers["Idempotent-Replayed"] == "true"
+    status, headers, _ = await post(proxy, {"n": 7}, headers={"X-Interlock-Tenant": "other"})
+    assert "Idempotent-Replayed" not in headers
+    assert provider.count() == 2
+
+
+async def test_ledger_down_fails_closed_for_side_effects_only(
+    provider: FakeProvider, tmp_path: Path
+) -> None:
+    """With the ledger unreachable, side-effecting calls get 503 and are not sent; model calls
+    and GETs still pass."""
+    down = "postgresql://postgres@127.0.0.1:1/nothing"
+    async with running_proxy(config(provider, down), tmp_path) as proxy:
+        status, headers, body = await post(proxy, {"n": 1}, "k-down")
+        assert status == 503
+        assert json.loads(body)["error"]["reason"] == "ledger_unavailable"
+        assert "Retry-After" in headers
+        chat = {"model": "m", "messages": []}
+        assert (await post(proxy, chat, path="/http/fake/v1/chat/completions"))[0] == 200
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{proxy.base}/http/fake/v1/models") as response,
+        ):
+            assert response.status == 200
+    assert [r.path for r in provider.received] == ["/v1/chat/completions", "/v1/models"]
