@@ -7,9 +7,7 @@ their own short connection each. Every method that touches the database raises
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Literal
@@ -38,7 +36,6 @@ from policies.model import LedgerSettings
 
 __all__ = ["LedgerStore", "utcnow"]
 
-_log = logging.getLogger(__name__)
 _GROUP_COMMIT_MAX_BATCH = 256
 
 
@@ -223,22 +220,6 @@ class LedgerStore:
         are skipped.
         """
         return await self._writer.submit(Sweep(limit))
-
-    async def sweep_forever(self, interval_s: float | None = None) -> None:
-        """Sweep every `interval_s` (default `sweep_interval_s`) until cancelled.
-
-        A sweep that fails is logged and tried again at the next interval.
-        """
-        interval = self._settings.sweep_interval_s if interval_s is None else interval_s
-        while True:
-            try:
-                swept = await self.sweep_expired()
-            except LedgerUnavailable as error:
-                _log.warning("ledger sweep failed: %s", error)
-            else:
-                if swept:
-                    _log.info("ledger sweep: %d expired lease(s) → unknown", swept)
-            await asyncio.sleep(interval)
 
     async def purge(self, *, older_than: timedelta | None = None) -> int:
         """Delete succeeded, failed and rejected entries unchanged for `older_than`.

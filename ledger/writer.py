@@ -7,6 +7,10 @@ is durable. An operation the ledger refuses (stale token, illegal transition) fa
 caller; a database failure fails the whole batch, none of which was committed. With
 `max_batch=1` this is one commit per write, the baseline the benchmark compares against.
 
+A connection lost during COMMIT leaves the outcome unknown to the writer; its callers get
+`LedgerUnavailable` either way. The proxy then fails closed, and a claim that did commit is found
+by the sweeper when its lease expires: the ledger errs towards `unknown`, never towards a repeat.
+
 A caller that is cancelled before the writer reaches its operation is skipped. One cancelled after
 that may still be committed: for a claim, the entry is then running with nobody behind it, and its
 lease expiry makes it `unknown` — never silently lost, never silently repeated.
