@@ -18,7 +18,8 @@ Behaviours (`Behaviour` values, or the shorthand strings of `behaviour()`):
 Routes: `POST /v1/chat/completions` (OpenAI), `POST /v1/messages` (Anthropic), `POST /v1/actions`
 (a side-effecting JSON endpoint counting executions per `Idempotency-Key` in
 `provider.executions`), `GET /v1/models`, `PUT /v1/blobs/{name}` (echoes the upload's size and
-sha256; sets `provider.blob_started` at its first bytes), and anything else → 404.
+sha256; sets `provider.blob_started` at its first bytes), `GET /v1/redirect` (302 to another
+host), and anything else → 404.
 
 Streams honour `provider.first_chunk_seen`: when `provider.gate_streams` is true, a stream sends
 its first chunk, then waits (bounded) until the test sets that event before sending the rest, so a
@@ -336,6 +337,11 @@ class _Handlers:
             )
         return web.json_response({"bytes": len(body), "sha256": hashlib.sha256(body).hexdigest()})
 
+    async def redirect(self, request: web.Request) -> web.StreamResponse:
+        """A redirect to another host, which a proxy must relay, never follow."""
+        await self.record(request)
+        return web.Response(status=302, headers={"Location": "http://127.0.0.2:9/elsewhere"})
+
     async def models(self, request: web.Request) -> web.StreamResponse:
         _, b = await self.record(request)
         if (answer := await self.misbehave(request, b)) is not None:
@@ -386,6 +392,7 @@ def make_app(provider: FakeProvider) -> web.Application:
     app.router.add_post("/v1/actions", handlers.actions)
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_put("/v1/blobs/{name}", handlers.blobs)
+    app.router.add_get("/v1/redirect", handlers.redirect)
     app.router.add_route("*", "/{tail:.*}", handlers.other)
     return app
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,6 +22,12 @@ SECRET = "sk-real-secret-from-config"
 BOUNDED_S = 10.0
 
 
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def config(provider: FakeProvider, extra: str = "", upstream_extra: str = "") -> str:
     return f"""
         ledger: {{url: "sqlite:///ledger.db", lease_s: 5}}
@@ -34,6 +41,8 @@ def config(provider: FakeProvider, extra: str = "", upstream_extra: str = "") ->
             {upstream_extra}
           other:
             http: "{provider.url}/v1"
+          dead:
+            http: "http://127.0.0.1:{closed_port()}"
         {extra}
         """
 
@@ -325,3 +334,26 @@ async def test_observe_mode_counts_a_budget_refusal_without_enforcing_it(
         for _ in range(3):
             await client.chat.completions.create(model="m", messages=[])
     assert provider.count() == 3
+
+
+async def test_redirects_are_relayed_not_followed(
+    proxy: RunningProxy, provider: FakeProvider
+) -> None:
+    """An upstream redirect reaches the caller as-is; the proxy never follows it elsewhere."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{proxy.base}/http/fake/v1/redirect", allow_redirects=False) as response,
+    ):
+        assert response.status == 302
+        assert response.headers["Location"] == "http://127.0.0.2:9/elsewhere"
+    assert provider.count() == 1
+
+
+async def test_unreachable_upstream_is_a_502(proxy: RunningProxy) -> None:
+    """Connection refused (nothing sent, retried as policy allows) ends in 502."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{proxy.base}/http/dead/v1/models") as response,
+    ):
+        assert response.status == 502
+        assert (await response.json())["error"]["reason"] == "upstream_unreachable"
