@@ -206,3 +206,15 @@ async def test_streaming_caller_queued_behind_a_full_upstream_sees_queued(
     assert not one.startswith(b":")
     assert two.startswith(b": queued\n\n")
     assert two.rstrip().endswith(b"data: [DONE]")
+
+
+async def test_model_call_lost_before_the_first_byte_is_retried(
+    proxy: RunningProxy, provider: FakeProvider
+) -> None:
+    """A model call (not side-effecting) whose connection dies before any answer byte is retried
+    on a fresh admission and succeeds; the caller never sees the failed attempt."""
+    provider.script("die")
+    status, _, body = await post_chat(proxy)
+    assert status == 200
+    assert b"Hello there." in body
+    assert provider.count() == 2
