@@ -380,7 +380,11 @@ async def test_trace_continues_from_the_client_to_the_upstream(
         async with running_proxy(config(url), tmp_path) as proxy:
             result = await call_tool(proxy, caller, "echo", {"text": "hi"})
             upstream_span = await receiver.wait_for_span(
-                lambda s: s.service == "traced-upstream" and s.trace_id == caller.trace_id
+                lambda s: (
+                    s.service == "traced-upstream"
+                    and s.trace_id == caller.trace_id
+                    and s.name == "tools/call echo"
+                )
             )
             root = await server_tree(receiver, caller)
     assert not result.is_error
