@@ -75,10 +75,9 @@ class Opened:
 async def admit(call: HttpCall) -> Slot:
     """An admission slot for the next attempt (raises AdmissionRefused)."""
     scheduler = call.app[SCHEDULER]
-    on_wait = call.downstream.comment
     with telemetry.child_span("interlock.queue") as span:
         try:
-            slot = await scheduler.admit(call.admission(), on_wait=on_wait)
+            slot = await scheduler.admit(call.admission(), on_wait=call.downstream.comment)
         except AdmissionRefused as exc:
             refusal = exc.refusal
             span.set_attributes(_refusal_attributes(refusal))
@@ -131,7 +130,8 @@ async def forward(call: HttpCall) -> Opened:
         UpstreamError: the last attempt's failure when no (further) retry is allowed.
         AdmissionRefused: a retry could not be admitted again (e.g. the cooldown is too long).
     """
-    attempts = 1 + (call.policy.retry_budget or 0) if call.policy.retry_budget is not None else None
+    retries = call.policy.retry_budget  # a rule's cap on retries of this call, if any
+    attempts = None if retries is None else 1 + retries
     loop = retrying(
         call.upstream.retry,
         side_effect=call.policy.side_effect,
