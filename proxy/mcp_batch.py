@@ -19,7 +19,7 @@ from proxy.errors import UpstreamError
 from proxy.jsonrpc import Body, Message, dumps, wire_bytes
 from proxy.mcp_forward import UpstreamChannel, failure_message, run_tools_call, traced
 from proxy.mcp_post import Answered, PostContext, answer_response, channel_for
-from proxy.mcp_reply import ClientReply
+from proxy.mcp_reply import ClientGone, ClientReply
 from proxy.mcp_state import learn_tools
 
 __all__ = ["handle_batch"]
@@ -49,7 +49,7 @@ async def handle_batch(pc: PostContext, body: Body) -> web.StreamResponse:
         channel = await channel_for(pc)
     except Answered as early:
         return early.response
-    gone = asyncio.Event()
+    gone = ClientGone()
     reply = pc.reply(gone)
     calls: list[asyncio.Task[bytes]] = []
     with pc.transport.watcher.watch(pc.request, gone):

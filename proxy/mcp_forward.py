@@ -106,16 +106,14 @@ class HttpChannel:
             client_headers, spec.headers, forward_authorization=forward_auth
         )
 
-    def _request_headers(self, message: JsonObject, raw: bytes | None) -> dict[str, str]:
+    def _request_headers(self, message: JsonObject, original: JsonObject | None) -> dict[str, str]:
         headers = dict(self._headers)
         headers["accept"] = "application/json, text/event-stream"
         headers["content-type"] = "application/json"
-        if self._modern and raw is not None:
-            original = json.loads(raw)
-            if original != message:
-                tool = message.get("params", {}).get("name")
-                param_map = self._app[MCP_TRANSPORT].param_headers.get(self._spec.name, {})
-                headers = modern_routing_headers(headers, original, message, param_map.get(tool))
+        if self._modern and original is not None and original != message:
+            tool = message.get("params", {}).get("name")
+            param_map = self._app[MCP_TRANSPORT].param_headers.get(self._spec.name, {})
+            headers = modern_routing_headers(headers, original, message, param_map.get(tool))
         inject_headers(headers)
         return headers
 
@@ -128,13 +126,15 @@ class HttpChannel:
         timeout_s: float,
         cancel: asyncio.Event | None = None,
     ) -> WireMessage:
-        body = raw if raw is not None and _unchanged(message, raw) else dumps(message)
+        # Compared with a fresh parse: the pipeline may have edited the client's dict in place.
+        original = json.loads(raw) if raw is not None else None
+        body = raw if raw is not None and original == message else dumps(message)
         return await exchange_http(
             self._session,
             self._spec,
             request_id=message.get("id"),
             body=body,
-            headers=self._request_headers(message, raw),
+            headers=self._request_headers(message, original),
             relay=relay,
             timeout_s=timeout_s,
             cancel=cancel,

@@ -32,7 +32,7 @@ from proxy.errors import (
 )
 from proxy.jsonrpc import WireMessage, id_key, read_upstream_message
 from proxy.mcp_headers import client_response_headers
-from proxy.mcp_reply import SSE_HEADERS, Relay
+from proxy.mcp_reply import SSE_HEADERS, Relay, cancelled_when
 from proxy.mcp_sse import SseParser
 
 __all__ = ["PRESSURE_STATUSES", "HttpUpstreams", "ResponseTap", "exchange_http", "relay_http"]
@@ -156,22 +156,15 @@ async def relay_http(
             out_headers.update(SSE_HEADERS)
         response = web.StreamResponse(status=upstream.status, headers=out_headers)
         await response.prepare(request)
-        pump = asyncio.ensure_future(_pump(upstream, response, tapper))
-        waiters: set[asyncio.Future[Any]] = {pump}
-        left = asyncio.ensure_future(gone.wait()) if gone is not None else None
-        if left is not None:
-            waiters.add(left)
         try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
-            await asyncio.gather(*waiters, return_exceptions=True)
-        if not pump.cancelled():
-            if (error := pump.exception()) is not None:
-                raise error
-            if not pump.result() and gone is not None:
-                gone.set()
+            with cancelled_when(gone) as trip:
+                delivered = await _pump(upstream, response, tapper)
+        except asyncio.CancelledError:
+            if trip is not None and trip.absorb():
+                return response  # the client left: the upstream request is closed on exit
+            raise
+        if not delivered and gone is not None:
+            gone.set()
         return response
 
 
@@ -212,26 +205,18 @@ async def exchange_http(
         UpstreamNotReached, UpstreamPressure, UpstreamRefused, UpstreamLost, UpstreamTimeout.
     """
     assert spec.url is not None
-    work = asyncio.ensure_future(_exchange(session, spec, request_id, body, headers, relay))
-    waiters: set[asyncio.Future[Any]] = {work}
-    cancelled = asyncio.ensure_future(cancel.wait()) if cancel is not None else None
-    if cancelled is not None:
-        waiters.add(cancelled)
     try:
-        done, _ = await asyncio.wait(
-            waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
-        )
-    finally:
-        if cancelled is not None:
-            cancelled.cancel()
-    if work in done:
-        return work.result()
-    work.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await work
-    if cancelled is not None and cancelled in done:
-        raise UpstreamLost(f"{spec.name}: the client went away; the upstream request was aborted")
-    raise UpstreamTimeout(f"{spec.name}: no answer within {timeout_s:g} s")
+        with cancelled_when(cancel) as trip:
+            async with asyncio.timeout(timeout_s):
+                return await _exchange(session, spec, request_id, body, headers, relay)
+    except TimeoutError:
+        raise UpstreamTimeout(f"{spec.name}: no answer within {timeout_s:g} s") from None
+    except asyncio.CancelledError:
+        if trip is not None and trip.absorb():
+            raise UpstreamLost(
+                f"{spec.name}: the client went away; the upstream request was aborted"
+            ) from None
+        raise
 
 
 async def _exchange(

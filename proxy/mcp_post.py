@@ -33,7 +33,7 @@ from proxy.mcp_forward import (
 )
 from proxy.mcp_headers import MCP_SESSION_ID_HEADER, upstream_request_headers
 from proxy.mcp_http_upstream import relay_http
-from proxy.mcp_reply import ClientReply, accepts_sse
+from proxy.mcp_reply import ClientGone, ClientReply, accepts_sse
 from proxy.mcp_state import MCP_TRANSPORT, McpTransport, SessionInfo, learn_tools
 from proxy.state import CONFIG
 from proxy.telemetry import inject_headers
@@ -158,7 +158,7 @@ async def _forward(pc: PostContext, message: Message, outcome: CallOutcome) -> w
 async def _tools_call(
     pc: PostContext, message: Message, outcome: CallOutcome
 ) -> web.StreamResponse:
-    gone = asyncio.Event()
+    gone = ClientGone()
     reply = pc.reply(gone)
     try:
         channel = await channel_for(pc)
@@ -234,7 +234,7 @@ async def _http_passthrough(
     )
     inject_headers(headers)
     tap, on_start = _taps(pc, message, outcome)
-    gone = asyncio.Event()
+    gone = ClientGone()
     with pc.transport.watcher.watch(pc.request, gone):
         try:
             response = await relay_http(
@@ -266,7 +266,7 @@ async def _http_passthrough(
 async def _stdio_passthrough(
     pc: PostContext, message: Message, outcome: CallOutcome
 ) -> web.StreamResponse:
-    gone = asyncio.Event()
+    gone = ClientGone()
     reply = pc.reply(gone)
     try:
         if message.kind == "request" and message.method == "initialize" and not pc.modern:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -23,10 +23,13 @@ from proxy.mcp_sse import format_comment, format_event
 
 __all__ = [
     "SSE_HEADERS",
+    "ClientGone",
     "ClientReply",
     "DisconnectWatcher",
     "Relay",
+    "Trip",
     "accepts_sse",
+    "cancelled_when",
 ]
 
 SSE_HEADERS: Mapping[str, str] = {
@@ -136,6 +139,84 @@ class ClientReply:
                 await self._stream.write_eof()
             return self._stream
         return web.Response(status=202, headers=self._headers)
+
+
+class ClientGone(asyncio.Event):
+    """The "client went away" event of one call, which can also run callbacks when set.
+
+    `cancelled_when` uses the callbacks to cancel a waiting task without a helper task per call.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks: list[Callable[[], object]] = []
+
+    def set(self) -> None:
+        if self.is_set():
+            return
+        super().set()
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def add_callback(self, callback: Callable[[], object]) -> Callable[[], None]:
+        """Call `callback` when set; returns a function that unregisters it."""
+        self._callbacks.append(callback)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._callbacks.remove(callback)
+
+        return remove
+
+
+class Trip:
+    """Whether `cancelled_when` cancelled the task (and undoing that cancellation)."""
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.fired = False
+
+    def fire(self) -> None:
+        if not self.fired:
+            self.fired = True
+            self.task.cancel()
+
+    def absorb(self) -> bool:
+        """Take back our cancellation; True if no other cancellation is pending on the task."""
+        return self.fired and self.task.uncancel() == 0
+
+
+@contextlib.contextmanager
+def cancelled_when(event: asyncio.Event | None) -> Iterator[Trip | None]:
+    """Cancel the current task if `event` gets set while inside the block.
+
+    Catch `CancelledError` outside and ask `trip.absorb()` whether it was this event (then turn
+    it into an answer) or a real cancellation (then re-raise).
+    """
+    if event is None:
+        yield None
+        return
+    task = asyncio.current_task()
+    assert task is not None
+    trip = Trip(task)
+    if event.is_set():
+        trip.fire()
+        yield trip
+        return
+    if isinstance(event, ClientGone):
+        remove = event.add_callback(trip.fire)
+        try:
+            yield trip
+        finally:
+            remove()
+        return
+    waiter = asyncio.ensure_future(event.wait())
+    waiter.add_done_callback(lambda done: trip.fire() if not done.cancelled() else None)
+    try:
+        yield trip
+    finally:
+        waiter.cancel()
 
 
 class DisconnectWatcher:

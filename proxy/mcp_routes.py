@@ -29,7 +29,7 @@ from proxy.mcp_headers import (
 )
 from proxy.mcp_http_upstream import relay_http
 from proxy.mcp_post import PostContext, answer_response, handle_single
-from proxy.mcp_reply import SSE_HEADERS, DisconnectWatcher, accepts_sse
+from proxy.mcp_reply import SSE_HEADERS, ClientGone, DisconnectWatcher, accepts_sse
 from proxy.mcp_sse import format_comment, format_event
 from proxy.mcp_state import MCP_TRANSPORT, McpTransport
 from proxy.mcp_stdio import StdioUpstreams, default_max_line_bytes
@@ -93,8 +93,13 @@ def _upstream(request: web.Request) -> UpstreamSpec | web.Response:
 
 
 async def _read_capped(request: web.Request, cap: int) -> bytes:
-    if request.content_length is not None and request.content_length > cap:
-        raise _BodyTooLarge
+    if request.content_length is not None:
+        if request.content_length > cap:
+            raise _BodyTooLarge
+        try:
+            return await request.content.readexactly(request.content_length)
+        except asyncio.IncompleteReadError as exc:
+            return exc.partial  # the client stopped sending: it fails to parse as JSON
     data = bytearray()
     async for chunk in request.content.iter_any():
         data += chunk
@@ -161,7 +166,7 @@ async def _relay_http(request: web.Request, spec: UpstreamSpec, method: str) -> 
     headers = upstream_request_headers(
         request.headers, spec.headers, forward_authorization=not request.app[CONFIG].tenant_api_keys
     )
-    gone = asyncio.Event()
+    gone = ClientGone()
     transport = _transport(request)
     with transport.watcher.watch(request, gone):
         try:

@@ -37,7 +37,7 @@ from proxy.jsonrpc import (
     progress_token,
     read_upstream_message,
 )
-from proxy.mcp_reply import Relay
+from proxy.mcp_reply import Relay, cancelled_when
 
 __all__ = ["StdioProcess", "StdioUpstreams", "default_max_line_bytes"]
 
@@ -181,25 +181,20 @@ class StdioProcess:
     async def _await_answer(
         self, pending: _Pending, timeout_s: float, cancel: asyncio.Event | None
     ) -> WireMessage:
-        waiters: set[asyncio.Future[Any]] = {pending.future}
-        cancelled = asyncio.ensure_future(cancel.wait()) if cancel is not None else None
-        if cancelled is not None:
-            waiters.add(cancelled)
         try:
-            done, _ = await asyncio.wait(
-                waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            if cancelled is not None:
-                cancelled.cancel()
-        if pending.future in done:
-            return pending.future.result()
-        reason = "client went away" if cancelled is not None and cancelled in done else "timeout"
-        await self._cancel_upstream(pending.wire_id, reason)
-        pending.future.cancel()
-        if reason == "timeout":
-            raise UpstreamTimeout(f"{self.spec.name}: no answer within {timeout_s:g} s")
-        raise UpstreamLost(f"{self.spec.name}: the client went away; the request was cancelled")
+            with cancelled_when(cancel) as trip:
+                async with asyncio.timeout(timeout_s):
+                    return await pending.future
+        except TimeoutError:
+            await self._cancel_upstream(pending.wire_id, "timeout")
+            raise UpstreamTimeout(f"{self.spec.name}: no answer within {timeout_s:g} s") from None
+        except asyncio.CancelledError:
+            if trip is not None and trip.absorb():
+                await self._cancel_upstream(pending.wire_id, "client went away")
+                raise UpstreamLost(
+                    f"{self.spec.name}: the client went away; the request was cancelled"
+                ) from None
+            raise
 
     async def _cancel_upstream(self, wire_id: Any, reason: str) -> None:
         note = {

@@ -97,7 +97,9 @@ async def test_progress_callbacks_arrive_through_the_proxy(proxy: RunningProxy, 
             "slow_progress", {"steps": 3}, progress_callback=on_progress
         )
     assert result.content[0].text == "done after 3 steps"
-    assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
+    # The pipeline may add progress of its own ("queued", "running"); the upstream's are steps.
+    steps = [item for item in seen if (item[2] or "").startswith("step")]
+    assert steps == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
 
 
 async def test_elicitation_round_trip_in_the_handshake_era(proxy: RunningProxy):

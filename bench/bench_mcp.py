@@ -1,0 +1,404 @@
+"""MCP tools/call through Interlock vs a bare byte-forwarding proxy vs straight to the upstream.
+
+Three targets in front of the same upstream (the test suite's real `MCPServer`, Streamable HTTP,
+run as a subprocess):
+
+- direct: the load generator talks to the upstream itself (no proxy; throughput baseline);
+- bare: a minimal aiohttp proxy in its own process that forwards the POST bytes and streams the
+  answer back, parsing nothing (`_serve_bare`) - the floor any proxy pays;
+- interlock: `interlock serve` (`proxy.cli`) with a SQLite ledger at `durability: full`;
+- transport: the same, with the tools/call pipeline swapped for a pass-through (a diagnostic
+  row: what the MCP transport itself costs, apart from admission and the ledger).
+
+Calls are stateless 2026-07-28 `tools/call`s: `search_docs` (read-only, learned from `tools/list`
+annotations: admission only) and `send_email` (side-effecting: write-ahead ledger entry, outcome
+recorded; each call has its own arguments so none is a replay), at concurrency 1 and 32. CPU per
+call is the proxy process's user+system time (psutil), so the load generator and the upstream are
+not counted. Goal: Interlock ≤ 1.3× bare CPU per call read-only, ≤ 2.5× side-effecting.
+All traffic stays on 127.0.0.1; every run is bounded in calls and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
+
+from bench.common import Table
+
+__all__ = ["run"]
+
+_ROOT = Path(__file__).resolve().parents[1]
+_START_TIMEOUT_S = 30.0
+_CALL_TIMEOUT_S = 30.0
+_MODERN = "2026-07-28"
+_ENVELOPE = {
+    "io.modelcontextprotocol/protocolVersion": _MODERN,
+    "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+_FORWARD = ("accept", "content-type", "mcp-protocol-version", "mcp-method", "mcp-name")
+_BACK = ("content-type", "mcp-session-id")
+
+
+@dataclass
+class Result:
+    calls: int
+    errors: int
+    wall_s: float
+    cpu_s: float | None
+    latencies_s: list[float]
+
+    @property
+    def per_s(self) -> float:
+        return self.calls / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def cpu_per_call_us(self) -> float | None:
+        return None if self.cpu_s is None else self.cpu_s / max(1, self.calls) * 1e6
+
+    def percentile(self, q: float) -> float:
+        ordered = sorted(self.latencies_s)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _upstream() -> Iterator[str]:
+    from tests.integration.mcp_servers import running_upstream
+
+    with running_upstream() as upstream:
+        yield upstream.url
+
+
+@contextlib.asynccontextmanager
+async def _process(args: list[str], health_url: str) -> AsyncIterator[psutil.Process]:
+    """A proxy subprocess, ready (its health URL answers) when yielded; stopped with SIGTERM."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INTERLOCK_")}
+    proc = await asyncio.create_subprocess_exec(
+        *args, cwd=_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        await _wait_ready(health_url, proc)
+        yield psutil.Process(proc.pid)
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await asyncio.wait_for(proc.wait(), 5)
+
+
+async def _wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    async with ClientSession(timeout=ClientTimeout(total=1)) as session:
+        while time.monotonic() < deadline:
+            if proc.returncode is not None:
+                raise RuntimeError(f"proxy process exited with {proc.returncode}")
+            with contextlib.suppress(OSError, asyncio.TimeoutError):
+                async with session.get(url) as response:
+                    if response.status < 500:
+                        return
+            await asyncio.sleep(0.1)  # polling a starting process, bounded by the deadline
+    raise RuntimeError(f"{url} did not become ready")
+
+
+def _interlock_config(folder: Path, port: int, upstream: str) -> Path:
+    path = folder / "interlock.yaml"
+    text = f"""
+        listen: "127.0.0.1:{port}"
+        ledger: {{url: "sqlite:///ledger.db", durability: full}}
+        telemetry: {{enabled: false}}
+        limits:
+          global: {{max_running: 256, max_pending: 1024}}
+          tenant: {{max_running: 64, max_pending: 256}}
+        upstreams:
+          up: {{mcp: "{upstream}", timeout_s: 30}}
+    """
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@contextlib.asynccontextmanager
+async def _interlock(
+    upstream: str, *, transport_only: bool = False
+) -> AsyncIterator[tuple[str, psutil.Process]]:
+    """`interlock serve`; `transport_only` swaps the tools/call pipeline for a pass-through."""
+    with tempfile.TemporaryDirectory(prefix="interlock-bench-mcp-") as tmp:
+        port = _free_port()
+        config = _interlock_config(Path(tmp), port, upstream)
+        serve = ["serve", "--config", str(config)]
+        if transport_only:
+            args = [sys.executable, "-m", "bench.bench_mcp", "--transport-only", *serve]
+        else:
+            program = "import sys; from proxy.cli import main; sys.exit(main())"
+            args = [sys.executable, "-c", program, *serve]
+        async with _process(args, f"http://127.0.0.1:{port}/healthz") as proc:
+            yield f"http://127.0.0.1:{port}/mcp/up", proc
+
+
+@contextlib.asynccontextmanager
+async def _bare(upstream: str) -> AsyncIterator[tuple[str, psutil.Process]]:
+    port = _free_port()
+    args = [sys.executable, "-m", "bench.bench_mcp", "--bare", str(port), upstream]
+    async with _process(args, f"http://127.0.0.1:{port}/healthz") as proc:
+        yield f"http://127.0.0.1:{port}/mcp", proc
+
+
+def _call(request_id: int, tool: str, arguments: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
+    body = {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments, "_meta": _ENVELOPE},
+    }
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "MCP-Protocol-Version": _MODERN,
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": tool,
+    }
+    return json.dumps(body).encode(), headers
+
+
+_numbers = itertools.count(1)
+
+
+def _arguments(kind: str, number: int) -> tuple[str, dict[str, Any]]:
+    if kind == "read-only":
+        return "search_docs", {"query": "backpressure"}
+    return "send_email", {"to": "bench@example.com", "subject": f"bench {number}", "body": "x"}
+
+
+def _ok(status: int, data: bytes) -> bool:
+    if status != 200:
+        return False
+    text = data.decode(errors="replace")
+    if text.startswith(("event:", ":")):
+        text = next((line[5:] for line in text.splitlines() if line.startswith("data:")), "{}")
+    with contextlib.suppress(ValueError):
+        return "result" in json.loads(text)
+    return False
+
+
+async def _list_tools(url: str) -> None:
+    """A tools/list through the target, so Interlock learns the annotations (read-only tools)."""
+    body = {"jsonrpc": "2.0", "id": 0, "method": "tools/list", "params": {"_meta": _ENVELOPE}}
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "MCP-Protocol-Version": _MODERN,
+        "Mcp-Method": "tools/list",
+    }
+    async with ClientSession() as session, session.post(url, json=body, headers=headers) as r:
+        await r.read()
+
+
+async def _drive(
+    url: str, kind: str, calls: int, concurrency: int, proc: psutil.Process | None
+) -> Result:
+    latencies: list[float] = []
+    errors = 0
+    remaining = iter(range(calls))
+
+    async def worker(session: ClientSession) -> None:
+        nonlocal errors
+        for _ in remaining:
+            number = next(_numbers)
+            body, headers = _call(number, *_arguments(kind, number))
+            started = time.perf_counter()
+            try:
+                async with session.post(url, data=body, headers=headers) as response:
+                    errors += not _ok(response.status, await response.read())
+            except (TimeoutError, OSError):
+                errors += 1
+            latencies.append(time.perf_counter() - started)
+
+    connector = TCPConnector(limit=concurrency)
+    timeout = ClientTimeout(total=_CALL_TIMEOUT_S)
+    async with ClientSession(connector=connector, timeout=timeout) as session:
+        before = proc.cpu_times() if proc is not None else None
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        wall = time.perf_counter() - started
+        after = proc.cpu_times() if proc is not None else None
+    cpu = None
+    if before is not None and after is not None:
+        cpu = (after.user - before.user) + (after.system - before.system)
+    return Result(calls, errors, wall, cpu, latencies)
+
+
+Cell = tuple[str, str, int]  # (target, kind, concurrency)
+
+
+async def _measure_target(
+    target: str, url: str, proc: psutil.Process | None, calls: int, results: dict[Cell, Result]
+) -> None:
+    await _list_tools(url)
+    for kind in ("read-only", "side-effecting"):
+        for concurrency in (1, 32):
+            await _drive(url, kind, max(10, calls // 5), concurrency, proc)  # warm-up
+            got = await _drive(url, kind, calls, concurrency, proc)
+            cell = (target, kind, concurrency)
+            best = results.get(cell)
+            if best is None or (got.cpu_s or 0.0) < (best.cpu_s or 0.0) or best.cpu_s is None:
+                results[cell] = got
+
+
+async def _run(quick: bool) -> list[Table]:
+    calls = 60 if quick else 200
+    rounds = 1 if quick else 2
+    results: dict[Cell, Result] = {}
+    with _upstream() as upstream:
+        # Rounds interleave the targets; the least disturbed (lowest CPU) run of each cell counts,
+        # since the machine may be busy with other work.
+        for _ in range(rounds):
+            await _measure_target("direct", upstream, None, calls, results)
+            async with _bare(upstream) as (url, proc):
+                await _measure_target("bare", url, proc, calls, results)
+            async with _interlock(upstream) as (url, proc):
+                await _measure_target("interlock", url, proc, calls, results)
+            async with _interlock(upstream, transport_only=True) as (url, proc):
+                await _measure_target("transport", url, proc, calls, results)
+    return [_table(results, calls, rounds)]
+
+
+def _table(results: dict[Cell, Result], calls: int, rounds: int) -> Table:
+    rows: list[list[str]] = []
+    for kind in ("read-only", "side-effecting"):
+        for concurrency in (1, 32):
+            bare = results[("bare", kind, concurrency)].cpu_per_call_us
+            for target in ("direct", "bare", "transport", "interlock"):
+                r = results[(target, kind, concurrency)]
+                cpu = r.cpu_per_call_us
+                ratio = f"{cpu / bare:.2f}×" if cpu is not None and bare else "—"
+                rows.append(
+                    [
+                        kind,
+                        str(concurrency),
+                        target,
+                        str(r.calls),
+                        str(r.errors),
+                        f"{r.per_s:.0f}",
+                        "—" if cpu is None else f"{cpu:.0f}",
+                        ratio,
+                        f"{statistics.median(r.latencies_s) * 1000:.2f}",
+                        f"{r.percentile(0.99) * 1000:.2f}",
+                    ]
+                )
+    note = (
+        f"{calls} stateless (2026-07-28) tools/call per cell after a warm-up, best of {rounds} "
+        "interleaved round(s). CPU is the proxy process's user+system time only (direct has no "
+        "proxy). read-only = search_docs (readOnlyHint: admission only); side-effecting = "
+        "send_email with fresh arguments (ledger write-ahead + outcome, SQLite durability full). "
+        "transport = interlock with the tools/call pipeline bypassed (the transport's own cost). "
+        "Goal: interlock ≤ 1.3× bare CPU/call read-only, ≤ 2.5× side-effecting."
+    )
+    return Table(
+        title="MCP tools/call: Interlock vs bare pass-through vs direct",
+        columns=[
+            "call",
+            "concurrency",
+            "target",
+            "calls",
+            "errors",
+            "calls/s",
+            "CPU µs/call",
+            "vs bare",
+            "p50 ms",
+            "p99 ms",
+        ],
+        rows=rows,
+        note=note,
+    )
+
+
+def run(quick: bool = False) -> list[Table]:
+    """Throughput, proxy CPU per call and latency of MCP tools/call for each target."""
+    return asyncio.run(_run(quick))
+
+
+# --- the bare pass-through proxy (its own process) ---
+
+
+def _serve_bare(port: int, upstream: str) -> None:
+    """Forward POST bodies to `upstream` and stream the answers back; parse nothing."""
+
+    async def pool(app: web.Application) -> AsyncIterator[None]:
+        app["session"] = ClientSession(
+            auto_decompress=False, connector=TCPConnector(limit=0), timeout=ClientTimeout()
+        )
+        yield
+        await app["session"].close()
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD}
+        body = await request.read()
+        async with request.app["session"].post(upstream, data=body, headers=headers) as answer:
+            back = {k: v for k, v in answer.headers.items() if k.lower() in _BACK}
+            response = web.StreamResponse(status=answer.status, headers=back)
+            await response.prepare(request)
+            async for chunk in answer.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.cleanup_ctx.append(pool)
+    app.router.add_post("/mcp", forward)
+    app.router.add_get("/healthz", health)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, shutdown_timeout=1)
+
+
+def _serve_transport_only(cli_args: list[str]) -> int:
+    """`interlock serve` with `tools/call` passed straight to the upstream (no pipeline).
+
+    A diagnostic: it isolates what the MCP transport costs from what admission and the ledger do.
+    """
+    import proxy.mcp_forward
+    from proxy.cli import main
+
+    async def pass_through(ctx: Any, request: Any, send_upstream: Any, notify: Any) -> Any:
+        return await send_upstream(request, _CALL_TIMEOUT_S)
+
+    proxy.mcp_forward.handle_tools_call = pass_through
+    return main(cli_args)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--bare":
+        _serve_bare(int(sys.argv[2]), sys.argv[3])
+    elif len(sys.argv) > 2 and sys.argv[1] == "--transport-only":
+        raise SystemExit(_serve_transport_only(sys.argv[2:]))
+    else:
+        raise SystemExit(
+            "usage: python -m bench.bench_mcp --bare PORT UPSTREAM_URL (or make bench)"
+        )
