@@ -56,6 +56,7 @@ def create_app(config: Config, *, replica_id: str | None = None) -> web.Applicat
     app[ANNOTATIONS] = {}
     app[RETRY_BUDGETS] = RetryBudgets(config.upstreams, clock=time.monotonic)
     app.cleanup_ctx.append(_ledger_ctx)
+    app.on_shutdown.append(_begin_shutdown)
     tool_catalog.setup(app)
     health.setup(app)
     admin.setup(app)
@@ -63,6 +64,13 @@ def create_app(config: Config, *, replica_id: str | None = None) -> web.Applicat
     setup_mcp(app)
     setup_http(app)
     return app
+
+
+async def _begin_shutdown(app: web.Application) -> None:
+    """SIGTERM: stop admitting (queued calls are refused); in-flight calls get the grace period."""
+    app[RUNTIME].shutting_down = True
+    app[SCHEDULER].stop_admitting()
+    log.info("shutting down: no new calls admitted")
 
 
 async def _open_ledger(app: web.Application) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
@@ -141,3 +142,60 @@ upstreams:
 
             second.send_signal(signal.SIGTERM)
             assert second.wait(timeout=20) == 0
+
+
+@pytest.mark.slow
+async def test_sigterm_lets_in_flight_calls_finish_and_exits_zero(tmp_path: Path):
+    """SIGTERM: the call in flight completes within the grace period and the process exits 0."""
+    port = _free_port()
+    with running_upstream() as upstream:
+        config = tmp_path / "interlock.yaml"
+        config.write_text(
+            f"""
+listen: "127.0.0.1:{port}"
+shutdown_grace_s: 10
+ledger: {{url: "sqlite:///ledger.db"}}
+upstreams:
+  up: {{mcp: "{upstream.url}"}}
+"""
+        )
+        url = f"http://127.0.0.1:{port}/mcp/up"
+        with proxy_process(config) as proxy:
+            # A plain modern-era (stateless) POST: the SDK client also keeps background requests
+            # that fail once the listener closes, which is not what this test is about.
+            meta = {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientInfo": {"name": "drain-test", "version": "1"},
+                "io.modelcontextprotocol/clientCapabilities": {},
+                KEY: "drain",
+            }
+            body = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "tools/call",
+                "params": {
+                    "name": "hold",
+                    "arguments": {"seconds": 1.0, "tag": "drain"},
+                    "_meta": meta,
+                },
+            }
+            headers = {
+                "Accept": "application/json, text/event-stream",
+                "MCP-Protocol-Version": "2026-07-28",
+                "Mcp-Method": "tools/call",
+                "Mcp-Name": "hold",
+            }
+            async with aiohttp.ClientSession() as http:
+                call = asyncio.create_task(http.post(url, json=body, headers=headers))
+                deadline = time.monotonic() + 10
+                while "drain" not in upstream.stats()["started"]:
+                    assert time.monotonic() < deadline, "the call never reached the upstream"
+                    await asyncio.sleep(0.02)
+                proxy.send_signal(signal.SIGTERM)
+                answer = await asyncio.wait_for(call, 15)
+                text = await answer.text()
+            assert answer.status == 200
+            assert '"held 1.0 s"' in text
+            assert proxy.wait(timeout=20) == 0
+        shown = json.loads(interlock(config, "ledger", "show", "drain", "--json"))
+        assert shown["state"] == "succeeded"
