@@ -4,14 +4,13 @@ Real parts: the SDK `Client` → the proxy (`create_app`, in-process) → a real
 subprocess; spans exported by the proxy's configured SDK to `OtlpReceiver`. Each call carries its
 own caller `traceparent` in `_meta`, so its spans are found by trace id.
 
-Run as a script (`python -m tests.integration.test_telemetry_mcp_spans --fd N --otlp URL`), this
-module is the *traced upstream*: the test upstream's tools with an OTel SDK of its own exporting to
-the receiver, so the upstream's own server span proves it saw the caller's trace.
+The trace-continuity test runs a *traced upstream* (`TRACED_UPSTREAM`): the test upstream's tools
+with an OTel SDK of its own exporting to the receiver, so the upstream's own server span proves it
+saw the caller's trace.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import secrets
@@ -349,6 +348,29 @@ async def test_refusals_and_unknowns_are_counted_in_metrics(
 
 # --- trace continuity into a traced upstream ---
 
+# The child: the test upstream's tools behind an OTel SDK of its own (the MCP SDK's server spans),
+# exporting to the receiver. Inline so the child imports only what it needs.
+TRACED_UPSTREAM = """
+import asyncio, socket, sys
+import uvicorn
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from tests.integration.mcp_servers import build_server
+
+fd, endpoint = int(sys.argv[1]), sys.argv[2]
+provider = TracerProvider(resource=Resource.create({"service.name": "traced-upstream"}))
+provider.add_span_processor(
+    SimpleSpanProcessor(OTLPSpanExporter(endpoint=endpoint + "/v1/traces", timeout=2))
+)
+trace.set_tracer_provider(provider)
+app = build_server(name="traced-upstream").streamable_http_app()
+config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
+asyncio.run(uvicorn.Server(config).serve(sockets=[socket.socket(fileno=fd)]))
+"""
+
 
 @contextlib.contextmanager
 def traced_upstream(otlp_endpoint: str) -> Iterator[str]:
@@ -361,7 +383,7 @@ def traced_upstream(otlp_endpoint: str) -> Iterator[str]:
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)
     port = listener.getsockname()[1]
-    args = [sys.executable, "-m", __name__, "--fd", str(listener.fileno()), "--otlp", otlp_endpoint]
+    args = [sys.executable, "-c", TRACED_UPSTREAM, str(listener.fileno()), otlp_endpoint]
     process = subprocess.Popen(args, cwd=REPO_ROOT, pass_fds=[listener.fileno()])
     listener.close()
     try:
@@ -391,31 +413,3 @@ async def test_trace_continues_from_the_client_to_the_upstream(
     (attempt,) = root.find("interlock.upstream.attempt")
     assert upstream_span.name == "tools/call echo"
     assert upstream_span.parent_span_id == attempt.span.span_id
-
-
-def _serve_traced(fd: int, otlp_endpoint: str) -> None:
-    """Child process: the test upstream's tools behind an OTel SDK (the SDK's own server spans)."""
-    import uvicorn
-    from opentelemetry import trace
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-
-    from tests.integration.mcp_servers import build_server
-
-    provider = TracerProvider(resource=Resource.create({"service.name": "traced-upstream"}))
-    exporter = OTLPSpanExporter(endpoint=f"{otlp_endpoint}/v1/traces", timeout=2)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    app = build_server(name="traced-upstream").streamable_http_app()
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
-    asyncio.run(uvicorn.Server(config).serve(sockets=[socket.socket(fileno=fd)]))
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="the traced MCP test upstream")
-    parser.add_argument("--fd", type=int, required=True)
-    parser.add_argument("--otlp", required=True)
-    cli = parser.parse_args()
-    _serve_traced(cli.fd, cli.otlp)
