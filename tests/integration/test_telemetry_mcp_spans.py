@@ -240,6 +240,22 @@ async def test_refused_call(
     gaps.report()
 
 
+async def test_observe_mode_traces_what_enforce_would_refuse(
+    upstream: RunningUpstream, receiver: OtlpReceiver, traced: TelemetryHandle, tmp_path: Path
+) -> None:
+    """In observe mode a call enforce would refuse goes through, marked observed + would_reject."""
+    caller = Caller()
+    async with running_proxy(config(upstream.url, "mode: observe"), tmp_path) as proxy:
+        proxy.scheduler.start_cooldown("up", 30)
+        result = await call_tool(proxy, caller, "echo", {"text": "hi"})
+        root = await server_tree(receiver, caller)
+    assert not result.is_error
+    attrs = root.span.attributes
+    assert attrs["interlock.admission.decision"] == "observed"
+    assert attrs["interlock.would_reject"] == "cooldown"
+    assert root.find("interlock.upstream.attempt")
+
+
 async def test_replay(
     upstream: RunningUpstream, receiver: OtlpReceiver, traced: TelemetryHandle, tmp_path: Path
 ) -> None:
