@@ -99,11 +99,14 @@ async def admit(call: HttpCall) -> Slot:
 
 
 def _refusal_attributes(refusal: Refusal) -> dict[str, Any]:
-    return {
+    attributes: dict[str, Any] = {
         "interlock.admission.decision": "rejected",
         "interlock.admission.reason": refusal.reason,
         "interlock.admission.scope": refusal.scope,
     }
+    if refusal.reason == "cooldown":
+        attributes["interlock.cooldown_s"] = refusal.retry_after_s
+    return attributes
 
 
 # -------------------------------------------------------------------------------- forward

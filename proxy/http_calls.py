@@ -39,6 +39,7 @@ from proxy.errors import (
 )
 from proxy.http_attempts import (
     CLIENT_GONE,
+    Opened,
     admit,
     cooldown_remaining,
     forward,
@@ -124,9 +125,22 @@ class HttpCall:
     async def answer(
         self, answer: Answer, headers: dict[str, str] | None = None
     ) -> web.StreamResponse:
-        self.span.set_attribute("http.response.status_code", answer.http_status)
-        self.span.set_attribute("error.type", str(answer.data.get("reason", answer.code)))
+        self.note_failure(answer)
         return await self.downstream.answer(answer, headers)
+
+    async def fail(self, answer: Answer, opened: Opened) -> web.StreamResponse:
+        """End an answer that already started (the upstream broke off mid-body)."""
+        self.note_failure(answer)
+        return await self.downstream.fail(answer, event_stream=is_sse(opened))
+
+    def note_failure(self, answer: Answer) -> None:
+        """Trace one of our own answers: `error.type` always, ERROR status when it is a 5xx."""
+        reason = str(answer.data.get("reason", answer.code))
+        self.span.set_attribute("http.response.status_code", answer.http_status)
+        if answer.http_status >= 500:
+            telemetry.mark_error(self.span, reason, reason)
+        else:
+            self.span.set_attribute("error.type", reason)
 
 
 # -------------------------------------------------------------------------------- pipeline
@@ -166,7 +180,7 @@ async def _run_plain(call: HttpCall) -> web.StreamResponse:
         await relay(call, opened, collect=False)
     except UpstreamError as exc:
         opened.response.close()
-        return await call.downstream.fail(_failure_answer(exc), event_stream=is_sse(opened))
+        return await call.fail(_failure_answer(exc), opened)
     finally:
         opened.response.release()
     _record_usage(call)
@@ -241,8 +255,7 @@ async def _forward_and_record(
         body = await relay(call, opened, collect=True)
     except UpstreamError as exc:
         await ledger.unknown(f"answer cut off: {exc}")
-        failure = answers.outcome_unknown(key, entry_id, "answer cut off")
-        return await call.downstream.fail(failure, event_stream=is_sse(opened))
+        return await call.fail(answers.outcome_unknown(key, entry_id, "answer cut off"), opened)
     except BaseException:
         await ledger.unknown("interrupted while relaying the answer")
         raise
@@ -363,6 +376,8 @@ async def _end(call: HttpCall) -> web.StreamResponse:
     response = call.downstream.response
     assert response is not None
     call.span.set_attribute("http.response.status_code", response.status)
+    if response.status >= 500:
+        telemetry.mark_error(call.span, str(response.status))
     with contextlib.suppress(*CLIENT_GONE):
         await call.downstream.end()
     return response

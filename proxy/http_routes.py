@@ -39,6 +39,7 @@ _GEN_AI_OPERATIONS = {
     "embeddings": "embeddings",
 }
 _MIN_CONNECTIONS = 100
+_ROUTE = "/http/{upstream}/{path}"
 
 
 def setup_http(app: web.Application) -> None:
@@ -117,12 +118,16 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
         "text/event-stream" in request.headers.get("Accept", "")
     )
     operation = _gen_ai_operation(path) if policy.costly else None
-    span_name = f"{operation} {model}" if operation and model else f"{request.method} {name}"
+    if operation and isinstance(model, str):
+        span_name = f"{operation} {model}"  # the GenAI convention for model calls
+    else:
+        span_name = telemetry.http_span_name(request.method, _ROUTE)
     attributes = {
         "interlock.upstream": name,
         "interlock.tenant": attrs.tenant,
         "interlock.class": policy.work_class or attrs.work_class,
         "http.request.method": request.method,
+        "http.route": _ROUTE,
         "url.path": path,
         "gen_ai.operation.name": operation,
         "gen_ai.request.model": model if isinstance(model, str) else None,
