@@ -166,7 +166,7 @@ async def _drive(
 
 
 async def _run(quick: bool) -> list[Table]:
-    seconds = 0.4 if quick else 1.0
+    seconds = 0.4 if quick else 0.8
     rounds = 1 if quick else 2
     concurrency = (1, 16) if quick else _CONCURRENCY
     bodies = {"json": json.dumps(_CHAT).encode(), "stream": json.dumps(_STREAM).encode()}
