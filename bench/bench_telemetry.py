@@ -191,7 +191,7 @@ async def _scenario(
 
 
 async def _run(quick: bool) -> list[Table]:
-    calls = 150 if quick else 300
+    calls = 100 if quick else 300
     kinds = ["GET"] if quick else ["GET", "POST"]
     rounds = 1 if quick else 2
     rows: list[list[str]] = []
