@@ -3,22 +3,27 @@
 The migration runs inside one write transaction: `BEGIN IMMEDIATE` on SQLite, and on PostgreSQL
 a transaction-scoped advisory lock, so replicas starting together migrate once, one after another.
 Both backends have transactional DDL, so a migration that dies half-way leaves nothing behind.
+
+Alembic is imported only when a migration actually runs: opening a current database (every
+proxy start, every `interlock ledger` command) compares its revision with `HEAD_REVISION`, and a
+test keeps that constant equal to the newest script.
 """
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from alembic.script import ScriptDirectory
 
 from ledger.db import Engines, open_engines, translate_errors
 from policies.model import LedgerSettings
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+
 __all__ = [
+    "HEAD_REVISION",
     "VERSION_TABLE",
     "alembic_config",
     "current_revision",
@@ -27,12 +32,17 @@ __all__ = [
     "upgrade",
 ]
 
+HEAD_REVISION = "0001"
+"""The newest revision under `ledger/migrations/versions` (a test checks they agree)."""
+
 VERSION_TABLE = "interlock_ledger_version"
 _ADVISORY_LOCK = 0x1E06E5  # any constant shared by every replica
 
 
 def alembic_config(connection: sa.Connection | None = None) -> Config:
     """An Alembic config whose scripts are the package's `ledger/migrations`."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(Path(__file__).with_name("migrations")))
     if connection is not None:
@@ -40,9 +50,10 @@ def alembic_config(connection: sa.Connection | None = None) -> Config:
     return config
 
 
-@functools.cache
 def head_revision() -> str:
-    """The newest revision the package ships."""
+    """The newest revision among the package's migration scripts (read with Alembic)."""
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     if head is None:
         raise RuntimeError("the ledger package ships no migrations")
@@ -80,11 +91,17 @@ async def upgrade(engines: Engines, revision: str = "head") -> tuple[str | None,
             if engines.dialect == "postgresql":
                 await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_ADVISORY_LOCK)))
             before = await conn.run_sync(_current_revision)
-            if before == head_revision() and revision == "head":
+            if before == HEAD_REVISION and revision == "head":
                 return before, before
-            await conn.run_sync(lambda sync: command.upgrade(alembic_config(sync), revision))
+            await conn.run_sync(lambda sync: _alembic_upgrade(sync, revision))
             after = await conn.run_sync(_current_revision)
     return before, after or ""
+
+
+def _alembic_upgrade(connection: sa.Connection, revision: str) -> None:
+    from alembic import command
+
+    command.upgrade(alembic_config(connection), revision)
 
 
 async def migrate_ledger(settings: LedgerSettings) -> tuple[str | None, str]:

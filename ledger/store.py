@@ -18,7 +18,7 @@ from ledger import queries
 from ledger.batch import OpContext
 from ledger.db import Engines, open_engines, sqlite_file, translate_errors
 from ledger.errors import LedgerError, LedgerUnavailable
-from ledger.migrate import current_revision, head_revision, upgrade
+from ledger.migrate import HEAD_REVISION, current_revision, upgrade
 from ledger.operations import (
     DEFAULT_MAX_ATTEMPTS,
     Claim,
@@ -306,7 +306,7 @@ class LedgerStore:
 
 
 async def _check_schema(engines: Engines) -> None:
-    found, wanted = await current_revision(engines), head_revision()
+    found, wanted = await current_revision(engines), HEAD_REVISION
     if found != wanted:
         raise LedgerUnavailable(
             f"the ledger schema is at revision {found or '(none)'}, this version needs {wanted}: "

@@ -12,6 +12,7 @@ import pytest
 from ledger import EntryState, LedgerError, entry_json
 from ledger.batch import cap_text, internal_key, new_entry_id, stored_outcome
 from ledger.db import async_url, sqlite_file
+from ledger.migrate import HEAD_REVISION, head_revision
 from ledger.operations import Claim
 from tests.ledger_fixtures import claim_request
 from tests.unit.test_ledger_states import MemoryLedger
@@ -91,3 +92,8 @@ def test_entry_json_is_lossless_for_binary_outcomes() -> None:
     row.outcome = b'{"id": 7}'
     assert entry_json(row.view())["outcome"] == '{"id": 7}'
     json.dumps(data)
+
+
+def test_head_revision_constant_matches_the_migration_scripts() -> None:
+    """HEAD_REVISION (used to skip Alembic at start-up) is the newest migration script."""
+    assert head_revision() == HEAD_REVISION
