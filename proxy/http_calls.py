@@ -26,7 +26,7 @@ from policies.admission import AdmissionRequest, Refusal
 from policies.answers import Answer
 from policies.attributes import RequestAttributes
 from policies.classify import Classification
-from policies.keys import KeyDecision, decide_key
+from policies.keys import KeyDecision, decide_key, fingerprint
 from policies.model import UpstreamSpec, WorkClass
 from policies.token_budget import TokenBudget
 from proxy import metrics, telemetry
@@ -320,18 +320,26 @@ def _over_budget(call: HttpCall) -> Answer | None:
 
 
 def _decide_key(call: HttpCall) -> KeyDecision:
+    """The call's key and fingerprint: the JSON body is the arguments (a field recipe picks from
+    it); another body counts by its digest; the query string is part of both."""
     arguments = call.payload
     if arguments is None and isinstance(call.body, bytes) and call.body:
         arguments = {"body_sha256": hashlib.sha256(call.body).hexdigest()}
-    return decide_key(
+    query = call.request.query_string
+    decision = decide_key(
         call.policy.key,
         explicit=call.attrs.idempotency_key,
         tenant=call.attrs.tenant,
         upstream=call.upstream.name,
-        tool=call.tool,
+        tool=f"{call.tool}?{query}" if query else call.tool,
         arguments=arguments,
         run_id=call.attrs.run_id,
     )
+    if query:
+        decision = replace(
+            decision, fingerprint=fingerprint({"query": query, "arguments": arguments})
+        )
+    return decision
 
 
 async def _answer_pressure(call: HttpCall, error: UpstreamPressure) -> web.StreamResponse:

@@ -265,3 +265,17 @@ async def test_ledger_down_fails_closed_for_side_effects_only(
         ):
             assert response.status == 200
     assert [r.path for r in provider.received] == ["/v1/chat/completions", "/v1/models"]
+
+
+async def test_query_string_is_part_of_the_request(
+    proxy: RunningProxy, provider: FakeProvider
+) -> None:
+    """The same key and body with another query string is another request (422), and without an
+    explicit key another derived key (executed)."""
+    assert (await post(proxy, {"n": 1}, "k-q", path=f"{ACTIONS}?mode=a"))[0] == 201
+    assert (await post(proxy, {"n": 1}, "k-q", path=f"{ACTIONS}?mode=b"))[0] == 422
+    assert (await post(proxy, {"n": 2}, path=f"{ACTIONS}?mode=a"))[0] == 201
+    status, headers, _ = await post(proxy, {"n": 2}, path=f"{ACTIONS}?mode=b")
+    assert status == 201
+    assert "Idempotent-Replayed" not in headers
+    assert provider.count() == 3
