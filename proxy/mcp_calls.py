@@ -9,8 +9,13 @@ Side-effecting calls continue in `proxy.mcp_side_effects`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
+from collections.abc import Iterator
+from typing import Any
+
+from opentelemetry.trace import Span
 
 from ledger import LedgerError
 from policies import answers
@@ -19,7 +24,7 @@ from policies.attributes import BadAttribute, read_attributes
 from policies.classify import classify_tool
 from policies.keys import decide_key
 from proxy import metrics, telemetry
-from proxy.errors import UpstreamLost, UpstreamNotReached, UpstreamPressure, UpstreamRefused
+from proxy.errors import UpstreamLost, UpstreamNotReached, UpstreamPressure
 from proxy.mcp_context import (
     JsonObject,
     McpCallContext,
@@ -93,23 +98,25 @@ async def handle_tools_call(
         "interlock.idempotency.key_hash": telemetry.hash_key(key.key),
         "interlock.idempotency.key_source": key.source,
     }
-    with telemetry.call_span(
-        f"tools/call {tool}", attributes=span_attrs, headers=ctx.headers, meta=meta
-    ) as span:
+    with _server_span(tool, span_attrs, ctx, meta) as span:
         deadline = started + attrs.deadline_s
         call = ToolCall(ctx, request, tool, arguments, meta, attrs, policy, key, deadline, span)
-        error_type: str | None = None
-        try:
-            response = await _admit_and_run(call, send_upstream, notify)
-            error = response.get("error")
-            error_type = str(error.get("code")) if isinstance(error, dict) else None
-            return response
-        except UpstreamRefused as exc:
-            error_type = str(exc.status)
-            raise
-        finally:
-            elapsed = time.monotonic() - started
-            metrics.operation_duration("tools/call", ctx.upstream.name, elapsed, error_type)
+        return await _admit_and_run(call, send_upstream, notify)
+
+
+@contextlib.contextmanager
+def _server_span(
+    tool: str, attributes: dict[str, Any], ctx: McpCallContext, meta: JsonObject
+) -> Iterator[Span]:
+    """The transport's SERVER span of this request (one per call), or our own if there is none."""
+    current = telemetry.current_span()
+    if current.is_recording():
+        telemetry.set_attributes(current, attributes)
+        yield current
+        return
+    name = telemetry.mcp_span_name("tools/call", tool)
+    with telemetry.call_span(name, attributes=attributes, headers=ctx.headers, meta=meta) as span:
+        yield span
 
 
 def _progress(call: ToolCall, notify: Notify) -> OnWait | None:
@@ -146,7 +153,8 @@ async def _admit(call: ToolCall, request: AdmissionRequest, on_wait: OnWait | No
     with telemetry.child_span("interlock.queue") as queue_span:
         slot = await call.ctx.app[SCHEDULER].admit(request, on_wait=on_wait)
         queue_span.set_attribute("interlock.queue.wait_s", slot.queue_wait_s)
-    call.span.set_attribute("interlock.admission.decision", slot.decision)
+    decision = "queued" if slot.decision == "queued_then_admitted" else "admitted"
+    call.span.set_attribute("interlock.admission.decision", decision)
     call.span.set_attribute("interlock.queue.wait_s", slot.queue_wait_s)
     if slot.would_reject is not None:
         refusal = slot.would_reject
@@ -162,6 +170,8 @@ async def _refused(call: ToolCall, refused: AdmissionRefused, *, record: bool) -
     call.span.set_attribute("interlock.admission.decision", "rejected")
     call.span.set_attribute("interlock.admission.reason", refusal.reason)
     call.span.set_attribute("interlock.admission.scope", refusal.scope)
+    if refusal.reason == "cooldown":
+        call.span.set_attribute("interlock.cooldown_s", refusal.retry_after_s)
     metrics.refusal(refusal.reason, refusal.scope, upstream)
     entry_id = None
     store = call.ctx.app[LEDGER].store
@@ -174,6 +184,9 @@ async def _refused(call: ToolCall, refused: AdmissionRefused, *, record: bool) -
                 retry_after_s=refusal.retry_after_s,
             )
             entry_id = entry.id if entry is not None else None
+            if entry is not None:
+                call.span.set_attribute("interlock.ledger.entry_id", entry.id)
+                call.span.set_attribute("interlock.ledger.state", str(entry.state))
         except LedgerError as exc:  # the refusal stands; only its record is missing
             call.span.set_attribute("interlock.ledger.error", str(exc))
     answer = answers.refused(

@@ -71,7 +71,7 @@ class ToolCall:
     def answer(self, answer: Answer) -> JsonObject:
         """Render one of our own answers as the rule says: JSON-RPC error or `isError` result."""
         self.span.set_attribute("interlock.answer.code", answer.code)
-        self.span.set_attribute("error.type", str(answer.data.get("reason", answer.code)))
+        telemetry.mark_error(self.span, str(answer.data.get("reason", answer.code)))
         if self.policy.reject_as == "tool_error":
             result = answer.tool_error_result(modern=self.ctx.modern)
             return {"jsonrpc": "2.0", "id": self.request_id, "result": result}

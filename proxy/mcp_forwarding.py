@@ -12,11 +12,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 from opentelemetry.trace import Span, SpanKind
-from policies.admission import AdmissionRequest
 
+from policies.admission import AdmissionRequest
 from policies.model import UpstreamSpec
 from policies.retry import AttemptFailure, retrying, server_delay_s
 from proxy import metrics, telemetry
@@ -90,10 +91,13 @@ async def _attempt(plan: ForwardPlan) -> JsonObject:
     if remaining <= 0:
         raise UpstreamNotReached("the call's deadline passed before the attempt")
     timeout = min(plan.timeout_s, remaining)
+    url = urlsplit(plan.upstream.url or "")
     attributes = {
         "interlock.attempt": plan.attempts,
         "interlock.upstream": plan.upstream.name,
-        "server.address": plan.upstream.url,
+        "server.address": url.hostname,
+        "server.port": url.port,
+        "network.transport": "pipe" if plan.upstream.kind == "mcp_stdio" else "tcp",
     }
     with telemetry.child_span(
         "interlock.upstream.attempt", attributes=attributes, kind=SpanKind.CLIENT

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from contextlib import AbstractContextManager
+
+from opentelemetry.trace import Span
 
 from ledger import ClaimResult, LedgerError, LedgerStore, LedgerUnavailable, StaleToken
 from policies import answers
@@ -77,6 +80,12 @@ async def run_side_effect(call: ToolCall, plan: ForwardPlan) -> JsonObject:
     return await _record(call, store, entry_id, token, response)
 
 
+def _finish_span(state: str) -> AbstractContextManager[Span]:
+    return telemetry.child_span(
+        "interlock.ledger.finish", attributes={"interlock.ledger.state": state}
+    )
+
+
 def _retry_after(call: ToolCall, exc: UpstreamError) -> float | None:
     del exc
     remaining = call.ctx.app[SCHEDULER].cooldown_remaining(call.ctx.upstream.name)
@@ -134,7 +143,9 @@ async def _mark_unknown(
 ) -> None:
     call.span.set_attribute("interlock.ledger.state", "unknown")
     try:
-        with telemetry.child_span("interlock.ledger.finish", attributes={"to": "unknown"}):
+        with telemetry.child_span(
+            "interlock.ledger.finish", attributes={"interlock.ledger.state": "unknown"}
+        ):
             await asyncio.shield(store.mark_unknown(entry_id, token, reason=reason))
     except LedgerError as exc:
         # The lease will run out and the sweeper marks the entry unknown: the record stays honest.
@@ -151,7 +162,9 @@ async def _release(
 ) -> None:
     call.span.set_attribute("interlock.ledger.state", "rejected")
     try:
-        with telemetry.child_span("interlock.ledger.finish", attributes={"to": "rejected"}):
+        with telemetry.child_span(
+            "interlock.ledger.finish", attributes={"interlock.ledger.state": "rejected"}
+        ):
             await asyncio.shield(
                 store.release_unsent(entry_id, token, reason=reason, retry_after_s=retry_after_s)
             )
@@ -165,7 +178,9 @@ async def _record(
     state = outcome_state(response)
     error = response.get("error")
     try:
-        with telemetry.child_span("interlock.ledger.finish", attributes={"to": state}):
+        with telemetry.child_span(
+            "interlock.ledger.finish", attributes={"interlock.ledger.state": state}
+        ):
             await store.finish(
                 entry_id,
                 token,
