@@ -148,8 +148,14 @@ def child_span(
 ) -> Iterator[Span]:
     """A step of the current call (queue wait, ledger write, an upstream attempt).
 
-    An exception leaving the block sets `error.type` (its class name) and an error status.
+    An exception leaving the block sets `error.type` (its class name) and an error status. When the
+    call's span is not being recorded (tracing off, or not sampled) no child is made at all: the
+    steps run on every proxied call, and a no-op span still costs.
     """
+    parent = trace.get_current_span()
+    if not parent.is_recording():
+        yield parent
+        return
     with _tracer.start_as_current_span(
         name,
         kind=kind,
