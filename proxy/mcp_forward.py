@@ -15,6 +15,7 @@ that reached the transport into what the client gets.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Iterator, Mapping
@@ -191,6 +192,12 @@ class CallOutcome:
             self.error_type = str(error.get("code"))
 
 
+@functools.lru_cache(maxsize=256)
+def _address(url: str) -> tuple[str | None, int | None]:
+    parts = urlsplit(url)
+    return parts.hostname, parts.port
+
+
 @contextmanager
 def traced(
     message: Message,
@@ -213,9 +220,7 @@ def traced(
         Attr.NETWORK_TRANSPORT: "pipe" if spec.kind == "mcp_stdio" else "tcp",
     }
     if spec.url:
-        url = urlsplit(spec.url)
-        attributes[Attr.SERVER_ADDRESS] = url.hostname
-        attributes[Attr.SERVER_PORT] = url.port
+        attributes[Attr.SERVER_ADDRESS], attributes[Attr.SERVER_PORT] = _address(spec.url)
     if method == "tools/call":
         attributes[Attr.GEN_AI_OPERATION] = "execute_tool"
         attributes[Attr.GEN_AI_TOOL] = target

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -187,36 +187,42 @@ class Trip:
         return self.fired and self.task.uncancel() == 0
 
 
-@contextlib.contextmanager
-def cancelled_when(event: asyncio.Event | None) -> Iterator[Trip | None]:
+class cancelled_when:  # lower case: used like a function, `with cancelled_when(event) as trip`
     """Cancel the current task if `event` gets set while inside the block.
 
     Catch `CancelledError` outside and ask `trip.absorb()` whether it was this event (then turn
-    it into an answer) or a real cancellation (then re-raise).
+    it into an answer) or a real cancellation (then re-raise). A class rather than a generator:
+    it runs once per proxied call.
     """
-    if event is None:
-        yield None
-        return
-    task = asyncio.current_task()
-    assert task is not None
-    trip = Trip(task)
-    if event.is_set():
-        trip.fire()
-        yield trip
-        return
-    if isinstance(event, ClientGone):
-        remove = event.add_callback(trip.fire)
-        try:
-            yield trip
-        finally:
-            remove()
-        return
-    waiter = asyncio.ensure_future(event.wait())
-    waiter.add_done_callback(lambda done: trip.fire() if not done.cancelled() else None)
-    try:
-        yield trip
-    finally:
-        waiter.cancel()
+
+    __slots__ = ("_event", "_release", "_trip")
+
+    def __init__(self, event: asyncio.Event | None) -> None:
+        self._event = event
+        self._trip: Trip | None = None
+        self._release: Callable[[], object] | None = None
+
+    def __enter__(self) -> Trip | None:
+        event = self._event
+        if event is None:
+            return None
+        task = asyncio.current_task()
+        assert task is not None
+        trip = self._trip = Trip(task)
+        if event.is_set():
+            trip.fire()
+        elif isinstance(event, ClientGone):
+            self._release = event.add_callback(trip.fire)
+        else:
+            waiter = asyncio.ensure_future(event.wait())
+            waiter.add_done_callback(lambda done: None if done.cancelled() else trip.fire())
+            self._release = waiter.cancel
+        return trip
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._release is not None:
+            self._release()
+            self._release = None
 
 
 class DisconnectWatcher:
@@ -227,17 +233,16 @@ class DisconnectWatcher:
         self._watched: dict[int, tuple[web.BaseRequest, asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
 
-    @contextlib.contextmanager
-    def watch(self, request: web.BaseRequest, gone: asyncio.Event) -> Iterator[None]:
-        """While inside, `gone` is set if the client's connection closes."""
+    def watch(self, request: web.BaseRequest, gone: asyncio.Event) -> _Watch:
+        """Inside `with watcher.watch(request, gone)`, `gone` is set if the client disconnects."""
+        return _Watch(self, request, gone)
+
+    def _add(self, request: web.BaseRequest, gone: asyncio.Event) -> int:
         key = id(gone)
         self._watched[key] = (request, gone)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="mcp-disconnect-watcher")
-        try:
-            yield
-        finally:
-            self._watched.pop(key, None)
+        return key
 
     async def _run(self) -> None:
         while self._watched:
@@ -253,3 +258,21 @@ class DisconnectWatcher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+
+class _Watch:
+    __slots__ = ("_gone", "_key", "_request", "_watcher")
+
+    def __init__(
+        self, watcher: DisconnectWatcher, request: web.BaseRequest, gone: asyncio.Event
+    ) -> None:
+        self._watcher = watcher
+        self._request = request
+        self._gone = gone
+        self._key = 0
+
+    def __enter__(self) -> None:
+        self._key = self._watcher._add(self._request, self._gone)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._watcher._watched.pop(self._key, None)
