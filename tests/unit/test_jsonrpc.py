@@ -1,11 +1,13 @@
-"""The MCP wire format, pure: JSON-RPC parsing and validation, SSE framing, header allow-lists."""
+"""The MCP wire format and its small helpers: JSON-RPC, SSE, headers, learning, cancellation."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 
 import pytest
+from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -27,7 +29,10 @@ from proxy.mcp_headers import (
     modern_routing_headers,
     upstream_request_headers,
 )
+from proxy.mcp_reply import ClientGone, Trip, cancelled_when
 from proxy.mcp_sse import SseParser, format_comment, format_event
+from proxy.mcp_state import MCP_TRANSPORT, McpTransport, learn_tools
+from proxy.state import ANNOTATIONS
 
 
 def _code(raw: bytes) -> tuple[int, str, int]:
@@ -307,3 +312,87 @@ def test_modern_param_headers_are_rebuilt_when_arguments_change():
     assert rebuilt["mcp-param-region"] == "us"
     dropped = modern_routing_headers(headers, original, changed, None)
     assert "mcp-param-region" not in dropped
+
+
+# --- what the transport learns from tools/list ---
+
+
+def _app() -> web.Application:
+    app = web.Application()
+    app[ANNOTATIONS] = {}
+    app[MCP_TRANSPORT] = McpTransport()
+    return app
+
+
+def test_paginated_tool_listings_add_up():
+    """Each page of tools/list adds its tools' annotations; a later page forgets nothing."""
+    app = _app()
+    first = {
+        "tools": [
+            {"name": "search", "annotations": {"readOnlyHint": True}},
+            {"name": "plain", "inputSchema": {"type": "object"}},
+        ],
+        "nextCursor": "2",
+    }
+    second = {"tools": [{"name": "send", "annotations": {"destructiveHint": True}}, "junk"]}
+    assert learn_tools(app, "up", first) == 2
+    assert learn_tools(app, "up", second) == 1
+    assert app[ANNOTATIONS]["up"] == {
+        "search": {"readOnlyHint": True},
+        "plain": {},
+        "send": {"destructiveHint": True},
+    }
+    assert learn_tools(app, "up", {"tools": "not a list"}) == 0
+
+
+def test_header_mirrored_arguments_are_learned_from_schemas():
+    """A schema's x-mcp-header properties are remembered for rebuilding Mcp-Param-* headers."""
+    app = _app()
+    schema = {
+        "type": "object",
+        "properties": {"region": {"type": "string", "x-mcp-header": "Region"}, "q": {}},
+    }
+    learn_tools(app, "up", {"tools": [{"name": "find", "inputSchema": schema}]})
+    assert app[MCP_TRANSPORT].param_headers["up"]["find"] == {("region",): "Region"}
+
+
+# --- cancelling a wait when the client goes away ---
+
+
+async def test_client_gone_cancels_the_waiting_task_and_is_absorbed():
+    """Setting ClientGone cancels the wait inside cancelled_when; absorb() turns it into ours."""
+    gone = ClientGone()
+    loop = asyncio.get_running_loop()
+    loop.call_soon(gone.set)
+    with pytest.raises(asyncio.CancelledError), cancelled_when(gone) as trip:
+        await asyncio.Event().wait()
+    assert trip is not None
+    assert trip.fired
+    assert trip.absorb()
+
+
+async def test_a_real_cancellation_is_not_absorbed():
+    """A cancellation from elsewhere passes through: nothing fired, nothing absorbed."""
+    gone = ClientGone()
+
+    async def wait() -> Trip | None:
+        with cancelled_when(gone) as trip:
+            await asyncio.Event().wait()
+        return trip  # pragma: no cover
+
+    task = asyncio.create_task(wait())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    gone.set()  # after the block: the callback was removed, nothing is cancelled any more
+
+
+async def test_a_plain_event_works_too():
+    """cancelled_when also accepts a plain asyncio.Event (one helper task watches it)."""
+    gone = asyncio.Event()
+    asyncio.get_running_loop().call_soon(gone.set)
+    with pytest.raises(asyncio.CancelledError), cancelled_when(gone) as trip:
+        await asyncio.Event().wait()
+    assert trip is not None
+    assert trip.absorb()
