@@ -8,9 +8,10 @@ progress token) so answers and progress find their way back, and the original id
 the response's bytes.
 
 Messages the process sends that belong to no request (server→client requests, log messages,
-list-changed notifications) go to the request most recently in flight, else to the session's GET
-stream, else wait in a small queue for one. A process ends on DELETE, when idle for `idle_s`, on
-shutdown, or when it exits by itself (its calls then fail with `UpstreamLost`, its session is gone).
+list-changed notifications) go to the `tools/call` most recently in flight (else any request in
+flight), else to the session's GET stream, else wait in a small queue for one. A process ends on
+DELETE, when idle for `idle_s`, on shutdown, or when it exits by itself (its calls then fail with
+`UpstreamLost`, its session is gone).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class _Pending:
     wire_id: Any
     original_token: Any = None
     wire_token: Any = None
+    method: str | None = None
     started: float = field(default_factory=time.monotonic)
 
 
@@ -141,6 +143,7 @@ class StdioProcess:
             UpstreamTimeout: no response within `timeout_s` (the process is told to cancel).
         """
         pending, line = self._prepare(message, raw, relay)
+        pending.method = message.get("method")
         key = id_key(pending.wire_id)
         self._pending[key] = pending
         if pending.wire_token is not None:
@@ -283,12 +286,20 @@ class StdioProcess:
         if self.shared:
             log.debug("%s: dropping an unrouted message %s", self.spec.name, message["method"])
             return
-        latest = max(self._pending.values(), key=lambda p: p.started, default=None)
-        if latest is not None:
-            await latest.relay.message(message.raw)
+        target = self._request_owner()
+        if target is not None:
+            await target.relay.message(message.raw)
         else:
             self._unsolicited.append(message.raw)
             self._unsolicited_ready.set()
+
+    def _request_owner(self) -> _Pending | None:
+        """Where a message tied to no request goes: the latest tools/call, else the latest call.
+
+        stdio frames carry no "related request", and elicitation or sampling come from a tool.
+        """
+        calls = [p for p in self._pending.values() if p.method == "tools/call"]
+        return max(calls or self._pending.values(), key=lambda p: p.started, default=None)
 
     def _resolve(self, message: WireMessage) -> None:
         pending = self._pending.get(id_key(message.get("id")))
