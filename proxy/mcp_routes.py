@@ -32,7 +32,7 @@ from proxy.mcp_post import PostContext, answer_response, handle_single
 from proxy.mcp_reply import SSE_HEADERS, ClientGone, DisconnectWatcher, accepts_sse
 from proxy.mcp_sse import format_comment, format_event
 from proxy.mcp_state import MCP_TRANSPORT, McpTransport
-from proxy.mcp_stdio import StdioUpstreams, default_max_line_bytes
+from proxy.mcp_stdio_pool import StdioUpstreams, default_max_line_bytes
 from proxy.state import CONFIG
 
 __all__ = ["setup_mcp"]

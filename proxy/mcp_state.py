@@ -19,7 +19,7 @@ from mcp.shared.inbound import find_invalid_x_mcp_header, x_mcp_header_map
 
 from proxy.mcp_http_upstream import HttpUpstreams
 from proxy.mcp_reply import DisconnectWatcher
-from proxy.mcp_stdio import StdioUpstreams
+from proxy.mcp_stdio_pool import StdioUpstreams
 from proxy.state import ANNOTATIONS
 
 __all__ = [
