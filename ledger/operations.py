@@ -39,6 +39,7 @@ __all__ = [
     "MarkUnknown",
     "Operation",
     "RecordRejection",
+    "ReleaseUnsent",
     "Renew",
     "Resolve",
     "Sweep",
@@ -228,6 +229,40 @@ class MarkUnknown:
         row.error = self.reason
         ws.touch(row, ctx.now)
         ws.record(row, _S.RUNNING, at=ctx.now, actor=ctx.owner, reason=self.reason)
+        return row.view()
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseUnsent:
+    """The owner knows the call was certainly not executed (refused before it was sent, or
+    answered "not processed"): running → rejected, so the same key may run again later."""
+
+    entry_id: str
+    token: int
+    reason: str
+    retry_after_s: float | None
+
+    def declare(self, needs: Needs) -> None:
+        needs.ids.add(self.entry_id)
+
+    def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView:
+        row = _get(ws, self.entry_id)
+        if self.token != row.fencing_token:
+            report = {"op": "release_unsent", "reason": self.reason}
+            raise _refuse_stale(ws, row, ctx, self.token, report)
+        if row.state != _S.RUNNING:
+            raise IllegalTransition(
+                row.id, row.state, _S.REJECTED, "only a running entry is released"
+            )
+        row.state = _S.REJECTED
+        row.fencing_token += 1
+        row.lease_expires_at = None
+        row.error, row.retry_after_s = self.reason, self.retry_after_s
+        ws.touch(row, ctx.now)
+        evidence = {"retry_after_s": self.retry_after_s}
+        ws.record(
+            row, _S.RUNNING, at=ctx.now, actor=ctx.owner, reason=self.reason, evidence=evidence
+        )
         return row.view()
 
 

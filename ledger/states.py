@@ -1,7 +1,8 @@
 """The ledger's states and the only moves allowed between them (DESIGN.md, "Ledger states").
 
     (new) ──claim──► running ──finish──► succeeded | failed
-      │                 └── lease expiry / mark_unknown ──► unknown
+      │                 ├── lease expiry / mark_unknown ──► unknown
+      │                 └── release_unsent (certainly not sent) ──► rejected
       └──refusal──► rejected ──same key sent again──► running (attempt + 1)
     unknown | blocked ──operator──► succeeded | failed
     unknown | failed | blocked ──operator retry──► accepted ──next send──► running (attempt + 1)
@@ -43,7 +44,7 @@ _S = EntryState
 _LEGAL: dict[EntryState | None, frozenset[EntryState]] = {
     None: frozenset({_S.RUNNING, _S.REJECTED, _S.ACCEPTED}),
     _S.ACCEPTED: frozenset({_S.RUNNING}),
-    _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.UNKNOWN}),
+    _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.UNKNOWN, _S.REJECTED}),
     _S.REJECTED: frozenset({_S.RUNNING}),
     _S.UNKNOWN: frozenset({_S.SUCCEEDED, _S.FAILED, _S.ACCEPTED, _S.BLOCKED}),
     _S.FAILED: frozenset({_S.ACCEPTED, _S.BLOCKED}),

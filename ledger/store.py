@@ -25,6 +25,7 @@ from ledger.operations import (
     Finish,
     MarkUnknown,
     RecordRejection,
+    ReleaseUnsent,
     Renew,
     Resolve,
     Sweep,
@@ -171,6 +172,18 @@ class LedgerStore:
             StaleToken, IllegalTransition, EntryNotFound, LedgerUnavailable: as for `finish`.
         """
         return await self._writer.submit(MarkUnknown(entry_id, token, reason))
+
+    async def release_unsent(
+        self, entry_id: str, token: int, *, reason: str, retry_after_s: float | None
+    ) -> EntryView:
+        """The call was certainly not executed (refused before sending, or answered "not
+        processed", e.g. 429/503 before processing): running → rejected. The key stays usable:
+        the next send with it runs the next attempt.
+
+        Raises:
+            StaleToken, IllegalTransition, EntryNotFound, LedgerUnavailable: as for `finish`.
+        """
+        return await self._writer.submit(ReleaseUnsent(entry_id, token, reason, retry_after_s))
 
     async def renew(self, entry_id: str, token: int) -> bool:
         """Extend the lease by `lease_s` from now; False if it is no longer this token's."""

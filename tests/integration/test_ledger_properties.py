@@ -29,6 +29,7 @@ _STEPS = st.one_of(
     st.tuples(st.just("expire"), st.sampled_from([0.5, 5.0, 11.0])),
     st.tuples(st.just("resolve"), _KEYS, st.sampled_from(["succeeded", "failed", "retry"])),
     st.tuples(st.just("reject"), _KEYS),
+    st.tuples(st.just("release"), _KEYS, st.booleans()),
 )
 
 
@@ -73,13 +74,17 @@ async def _step(
             await store.sweep_expired()
         elif name == "resolve" and entry_id in ids.values():
             await store.resolve(entry_id, as_=step[2], note="n", actor="op", max_attempts=2)
+        elif name == "release":
+            await store.release_unsent(
+                entry_id, token if step[2] else token - 1, reason="429", retry_after_s=1
+            )
         elif name == "reject":
             req = claim_request(key, tenant=tenant)
             rejected = await store.record_rejection(req, reason="busy", scope="g", retry_after_s=1)
             if rejected is not None:
                 ids.setdefault(key, rejected.id)
     except StaleToken:
-        assert name in ("finish", "mark_unknown")
+        assert name in ("finish", "mark_unknown", "release")
         assert not step[-1], "the current token was called stale"
     except LedgerError:
         pass  # a typed refusal; the checks below prove nothing was damaged

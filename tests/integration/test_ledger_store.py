@@ -389,3 +389,23 @@ async def test_default_store_fixture_roundtrip(ledger_store: LedgerStore) -> Non
     result = await ledger_store.claim(claim_request("fixture"))
     assert result.kind == "new"
     await ledger_store.ping()
+
+
+async def test_release_unsent_frees_the_key_for_the_next_attempt(store: LedgerStore) -> None:
+    """A call certainly not executed goes running → rejected; the same key then runs attempt 2,
+    and the released lease's token can no longer finish anything."""
+    claimed = await store.claim(claim_request("k"))
+    released = await store.release_unsent(
+        claimed.entry.id, 1, reason="upstream 429 before processing", retry_after_s=3.0
+    )
+    assert (released.state, released.retry_after_s, released.fencing_token) == (
+        EntryState.REJECTED,
+        3.0,
+        2,
+    )
+    again = await store.claim(claim_request("k"))
+    assert (again.kind, again.entry.id, again.entry.attempt) == ("new", claimed.entry.id, 2)
+    with pytest.raises(StaleToken):
+        await store.finish(claimed.entry.id, 1, state="succeeded", outcome=b"late")
+    with pytest.raises(StaleToken):
+        await store.release_unsent(claimed.entry.id, 1, reason="again", retry_after_s=None)

@@ -22,6 +22,7 @@ from ledger.operations import (
     MarkUnknown,
     Operation,
     RecordRejection,
+    ReleaseUnsent,
     Renew,
     Resolve,
     Sweep,
@@ -60,6 +61,7 @@ def test_transition_table_matches_the_design() -> None:
         (S.RUNNING, S.SUCCEEDED),
         (S.RUNNING, S.FAILED),
         (S.RUNNING, S.UNKNOWN),
+        (S.RUNNING, S.REJECTED),
         (S.REJECTED, S.RUNNING),
         (S.UNKNOWN, S.SUCCEEDED),
         (S.UNKNOWN, S.FAILED),
@@ -145,6 +147,7 @@ _OPS = st.one_of(
     st.tuples(st.just("expire"), st.floats(0, 30)),
     st.tuples(st.just("resolve"), _KEYS, st.sampled_from(["succeeded", "failed", "retry"])),
     st.tuples(st.just("reject"), _KEYS, _FINGERPRINTS),
+    st.tuples(st.just("release"), _KEYS, st.booleans()),
 )
 
 
@@ -175,6 +178,8 @@ def apply_random(ledger: MemoryLedger, step: tuple[Any, ...]) -> None:
             ledger.run(Resolve(entry_id, step[2], "note", "op", max_attempts=2))
         elif name == "reject":
             ledger.run(RecordRejection(claim_request(key, fingerprint=step[2]), "busy", "g", 1.0))
+        elif name == "release":
+            ledger.run(ReleaseUnsent(entry_id, token if step[2] else token - 1, "429", 1.0))
     except LedgerError:
         pass  # a refusal: what matters is that the ledger is still consistent
 
