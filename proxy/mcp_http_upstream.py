@@ -199,12 +199,14 @@ async def exchange_http(
     """POST one JSON-RPC request; return its final response, relaying what comes before it.
 
     `cancel` (the client went away, modern era) aborts the upstream request: closing the stream
-    is the cancellation signal of the 2026-07-28 protocol.
+    is the cancellation signal of the 2026-07-28 protocol. Already set, nothing is sent.
 
     Raises:
         UpstreamNotReached, UpstreamPressure, UpstreamRefused, UpstreamLost, UpstreamTimeout.
     """
     assert spec.url is not None
+    if cancel is not None and cancel.is_set():
+        raise UpstreamNotReached(f"{spec.name}: the client went away before the request was sent")
     try:
         with cancelled_when(cancel) as trip:
             async with asyncio.timeout(timeout_s):

@@ -138,10 +138,13 @@ class StdioProcess:
         `raw` (the client's bytes for `message`) is written as-is when nothing needs rewriting.
 
         Raises:
-            UpstreamNotReached: the process is not running (nothing was sent).
+            UpstreamNotReached: the process is not running, or `cancel` is already set (nothing
+                was sent).
             UpstreamLost: the process died, or `cancel` was set, before the response.
             UpstreamTimeout: no response within `timeout_s` (the process is told to cancel).
         """
+        if cancel is not None and cancel.is_set():
+            raise UpstreamNotReached(f"{self.spec.name}: the client went away before sending")
         pending, line = self._prepare(message, raw, relay)
         pending.method = message.get("method")
         key = id_key(pending.wire_id)

@@ -191,6 +191,19 @@ async def test_http_cancel_event_aborts_as_upstream_lost(
     await _wait_for(lambda: "x-gone" in upstream.stats()["cancelled"])
 
 
+async def test_http_client_gone_before_sending_is_not_reached(
+    pool: HttpUpstreams, upstream: RunningUpstream
+):
+    """A client already gone when the attempt starts: nothing is sent, UpstreamNotReached."""
+    spec = http_upstream("up", upstream.url)
+    before = upstream.stats()["mcp_requests"]
+    gone = asyncio.Event()
+    gone.set()
+    with pytest.raises(UpstreamNotReached):
+        await _exchange(pool, spec, _request(1, "echo", text="x"), cancel=gone)
+    assert upstream.stats()["mcp_requests"] == before
+
+
 async def test_http_upstream_dying_mid_call_is_upstream_lost(pool: HttpUpstreams):
     """The upstream process exiting after receiving the call: UpstreamLost (outcome unknown)."""
     with running_upstream() as doomed:
