@@ -128,7 +128,9 @@ def _progress(call: ToolCall, notify: Notify) -> OnWait | None:
     async def on_wait(state: str) -> None:
         nonlocal counter
         counter += 1
-        message = {"progressToken": token, "progress": counter, "message": state}
+        # Progress must increase across the whole call, and the upstream's own notifications on
+        # the same token usually start at 0 or 1 once it runs: ours stay far below that.
+        message = {"progressToken": token, "progress": counter / 1000, "message": state}
         await notify({"jsonrpc": "2.0", "method": "notifications/progress", "params": message})
 
     return on_wait

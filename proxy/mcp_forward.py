@@ -189,7 +189,9 @@ class CallOutcome:
         """Note a JSON-RPC error response as the call's error."""
         error = message.get("error")
         if isinstance(error, dict):
-            self.error_type = str(error.get("code"))
+            data = error.get("data")
+            reason = data.get("reason") if isinstance(data, dict) else None
+            self.error_type = str(reason or error.get("code"))
 
 
 @functools.lru_cache(maxsize=256)

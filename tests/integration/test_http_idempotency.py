@@ -12,16 +12,9 @@ import aiohttp
 import openai
 import pytest
 
-from ledger import LedgerStore
 from tests import ledger_fixtures
 from tests.integration.fake_provider import FakeProvider, running_provider, wait_until
 from tests.integration.proxy_harness import RunningProxy, running_proxy
-
-# `LedgerStore.release_unsent` (running → rejected: certainly not executed) is being added by the
-# ledger's owner; until it lands, the tests that need it are skipped rather than failing.
-needs_release = pytest.mark.skipif(
-    not hasattr(LedgerStore, "release_unsent"), reason="LedgerStore.release_unsent not there yet"
-)
 
 ledger_backend = ledger_fixtures.ledger_backend
 ledger_url = ledger_fixtures.ledger_url
@@ -172,7 +165,6 @@ async def test_upstream_500_after_sending_is_unknown(
     assert entry.state == "unknown"
 
 
-@needs_release
 async def test_pressure_releases_the_key_for_a_later_send(
     proxy: RunningProxy, provider: FakeProvider
 ) -> None:
@@ -206,7 +198,6 @@ async def test_admission_refusal_of_a_side_effect_is_recorded(
     assert provider.count() == 1
 
 
-@needs_release
 async def test_upstream_4xx_is_relayed_and_the_key_stays_usable(
     proxy: RunningProxy, provider: FakeProvider
 ) -> None:
