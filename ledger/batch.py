@@ -21,6 +21,7 @@ from ledger.states import EntryState
 from ledger.views import EntryView
 
 __all__ = [
+    "ROW_FIELDS",
     "EntryRow",
     "Needs",
     "OpContext",
@@ -68,7 +69,7 @@ class EntryRow:
 
     def values(self) -> dict[str, Any]:
         """The row as column values."""
-        return dict(zip(_ROW_FIELDS, _row_tuple(self), strict=True))
+        return dict(zip(ROW_FIELDS, _row_tuple(self), strict=True))
 
     def view(self) -> EntryView:
         """The row as the plain value callers see."""
@@ -103,8 +104,8 @@ class EntryRow:
         )
 
 
-_ROW_FIELDS = tuple(f.name for f in fields(EntryRow))
-_row_tuple = operator.attrgetter(*_ROW_FIELDS)  # all column values at C speed (a hot path)
+ROW_FIELDS = tuple(f.name for f in fields(EntryRow))
+_row_tuple = operator.attrgetter(*ROW_FIELDS)  # all column values at C speed (a hot path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +175,7 @@ class WorkingSet:
         after = _row_tuple(self.rows[row_id])
         return {
             name: new
-            for name, new, old in zip(_ROW_FIELDS, after, before, strict=True)
+            for name, new, old in zip(ROW_FIELDS, after, before, strict=True)
             if new != old
         }
 

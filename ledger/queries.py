@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ledger.batch import EntryRow, Needs, WorkingSet
+from ledger.batch import ROW_FIELDS, EntryRow, Needs, WorkingSet
 from ledger.errors import AmbiguousReference, EntryNotFound
 from ledger.states import PURGEABLE, EntryState
 from ledger.tables import metadata
@@ -39,12 +39,23 @@ __all__ = [
 
 ENTRIES = metadata.tables["ledger_entries"]
 TRANSITIONS = metadata.tables["ledger_transitions"]
+_NEW = {name: f"new_{name}" for name in ROW_FIELDS}  # UPDATE bind names (not column names)
 _MIN_PREFIX = 6
 _FIND_LIMIT = 6
 
 
-def _row(mapping: sa.RowMapping) -> EntryRow:
-    return EntryRow(**mapping)
+_ROW_COLUMNS = [ENTRIES.c[name] for name in ROW_FIELDS]  # in EntryRow's field order
+
+
+def _select_rows() -> sa.Select[Any]:
+    return sa.select(*_ROW_COLUMNS)
+
+
+_entry_row: Callable[..., EntryRow] = EntryRow  # built positionally from a row's values
+
+
+def _rows(result: sa.Result[Any]) -> list[EntryRow]:
+    return [_entry_row(*values) for values in result]
 
 
 def _locking(stmt: sa.Select[Any], dialect: str, *, skip_locked: bool = False) -> sa.Select[Any]:
@@ -59,27 +70,27 @@ async def load(
     """Read (and on PostgreSQL lock, in id order) every row `needs` names into `ws`."""
     selects = []
     if needs.ids:
-        selects.append(sa.select(ENTRIES).where(ENTRIES.c.id.in_(sorted(needs.ids))))
+        selects.append(_select_rows().where(ENTRIES.c.id.in_(sorted(needs.ids))))
     if needs.keys:
         # Filtered on the key alone (the unique index's first column); `ws.find` checks the scope.
-        selects.append(sa.select(ENTRIES).where(ENTRIES.c.idempotency_key.in_(sorted(needs.keys))))
+        selects.append(_select_rows().where(ENTRIES.c.idempotency_key.in_(sorted(needs.keys))))
     for stmt in selects:
         result = await conn.execute(_locking(stmt.order_by(ENTRIES.c.id), dialect))
-        for mapping in result.mappings():
-            ws.load(_row(mapping))
+        for row in _rows(result):
+            ws.load(row)
     if needs.sweep_limit:
         stmt = (
-            sa.select(ENTRIES)
+            _select_rows()
             .where(ENTRIES.c.state == EntryState.RUNNING, ENTRIES.c.lease_expires_at < now)
             .order_by(ENTRIES.c.id)
             .limit(needs.sweep_limit)
         )
         # Skip rows another replica holds: it is finishing, renewing or sweeping them itself.
         result = await conn.execute(_locking(stmt, dialect, skip_locked=True))
-        for mapping in result.mappings():
-            if mapping["id"] not in ws.rows:
-                ws.load(_row(mapping))
-            ws.expired.append(mapping["id"])
+        for row in _rows(result):
+            if row.id not in ws.rows:
+                ws.load(row)
+            ws.expired.append(row.id)
 
 
 async def flush(conn: AsyncConnection, ws: WorkingSet, *, dialect: str) -> bool:
@@ -93,7 +104,7 @@ async def flush(conn: AsyncConnection, ws: WorkingSet, *, dialect: str) -> bool:
     by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for row_id in sorted(ws.dirty):
         changes = ws.changes(row_id)
-        params = {f"new_{name}": value for name, value in changes.items()}
+        params = {_NEW[name]: value for name, value in changes.items()}
         params["match_id"] = row_id
         by_columns.setdefault(tuple(changes), []).append(params)
     for columns, params_list in by_columns.items():
@@ -142,8 +153,8 @@ async def find_entry(conn: AsyncConnection, reference: str) -> EntryRow:
         AmbiguousReference: the key or prefix names several entries.
     """
     for condition in _reference_conditions(reference):
-        stmt = sa.select(ENTRIES).where(condition).order_by(ENTRIES.c.id).limit(_FIND_LIMIT)
-        rows = [_row(m) for m in (await conn.execute(stmt)).mappings()]
+        stmt = _select_rows().where(condition).order_by(ENTRIES.c.id).limit(_FIND_LIMIT)
+        rows = _rows(await conn.execute(stmt))
         if len(rows) == 1:
             return rows[0]
         if rows:
@@ -192,7 +203,7 @@ async def list_entries(
     limit: int = 100,
 ) -> list[EntryRow]:
     """Entries matching every given filter, newest first."""
-    stmt = sa.select(ENTRIES)
+    stmt = _select_rows()
     if states:
         stmt = stmt.where(ENTRIES.c.state.in_(list(states)))
     if upstream is not None:
@@ -202,7 +213,7 @@ async def list_entries(
     if since is not None:
         stmt = stmt.where(ENTRIES.c.created_at >= since)
     stmt = stmt.order_by(ENTRIES.c.created_at.desc(), ENTRIES.c.id.desc()).limit(limit)
-    return [_row(m) for m in (await conn.execute(stmt)).mappings()]
+    return _rows(await conn.execute(stmt))
 
 
 async def stats(conn: AsyncConnection) -> dict[tuple[str, str], int]:
