@@ -39,19 +39,15 @@ __all__ = [
 
 ENTRIES = metadata.tables["ledger_entries"]
 TRANSITIONS = metadata.tables["ledger_transitions"]
+_ROW_COLUMNS = [ENTRIES.c[name] for name in ROW_FIELDS]  # in EntryRow's field order
 _NEW = {name: f"new_{name}" for name in ROW_FIELDS}  # UPDATE bind names (not column names)
 _MIN_PREFIX = 6
 _FIND_LIMIT = 6
-
-
-_ROW_COLUMNS = [ENTRIES.c[name] for name in ROW_FIELDS]  # in EntryRow's field order
+_entry_row: Callable[..., EntryRow] = EntryRow  # built positionally from a row's values
 
 
 def _select_rows() -> sa.Select[Any]:
     return sa.select(*_ROW_COLUMNS)
-
-
-_entry_row: Callable[..., EntryRow] = EntryRow  # built positionally from a row's values
 
 
 def _rows(result: sa.Result[Any]) -> list[EntryRow]:
@@ -136,7 +132,7 @@ def _update_statement(columns: tuple[str, ...]) -> sa.Update:
     return (
         sa.update(ENTRIES)
         .where(ENTRIES.c.id == sa.bindparam("match_id", type_=ENTRIES.c.id.type))
-        .values({c: sa.bindparam(f"new_{c}", type_=ENTRIES.c[c].type) for c in columns})
+        .values({c: sa.bindparam(_NEW[c], type_=ENTRIES.c[c].type) for c in columns})
     )
 
 
