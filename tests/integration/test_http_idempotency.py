@@ -20,6 +20,19 @@ ledger_backend = ledger_fixtures.ledger_backend
 ledger_url = ledger_fixtures.ledger_url
 
 BOUNDED_S = 10.0
+
+
+async def settled(proxy: RunningProxy, key: str, state: str) -> Any:
+    """The entry once it reaches `state`: the outcome is recorded right after the last byte is
+    relayed, so a test reading the ledger the moment its response ends may be a little early."""
+    deadline = asyncio.get_running_loop().time() + BOUNDED_S
+    while True:
+        entry, _ = await proxy.store.get(key)
+        if entry.state == state or asyncio.get_running_loop().time() > deadline:
+            return entry
+        await asyncio.sleep(0.01)
+
+
 ACTIONS = "/http/fake/v1/actions"
 
 
@@ -179,7 +192,7 @@ async def test_pressure_releases_the_key_for_a_later_send(
     await wait_until(lambda: proxy.scheduler.cooldown_remaining("fake") == 0)
     status, _, _ = await post(proxy, {"n": 1}, "k-429")
     assert status == 201
-    entry, _ = await proxy.store.get("k-429")
+    entry = await settled(proxy, "k-429", "succeeded")
     assert (entry.state, entry.attempt) == ("succeeded", 2)
     assert provider.executions["k-429"] == 1
 
@@ -204,7 +217,7 @@ async def test_upstream_4xx_is_relayed_and_the_key_stays_usable(
     """A 4xx (the upstream refused without acting) is relayed as-is and does not burn the key."""
     status, _, _ = await post(proxy, {"n": 1}, "k-404", path="/http/fake/v1/unknown-route")
     assert status == 404
-    entry, _ = await proxy.store.get("k-404")
+    entry = await settled(proxy, "k-404", "rejected")
     assert entry.state == "rejected"
     status, _, _ = await post(proxy, {"n": 1}, "k-404", path="/http/fake/v1/unknown-route")
     assert status == 404
