@@ -124,7 +124,8 @@ class Needs:
     """The rows a batch must load (and lock, on PostgreSQL) before its operations decide."""
 
     ids: set[str] = field(default_factory=set)
-    keys: set[str] = field(default_factory=set)
+    keys: set[tuple[str, str, str]] = field(default_factory=set)
+    """(tenant, upstream, idempotency key) triples."""
     sweep_limit: int = 0
 
 

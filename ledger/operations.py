@@ -138,7 +138,7 @@ class Claim:
 
     def declare(self, needs: Needs) -> None:
         if self.req.idempotency_key is not None:
-            needs.keys.add(self.req.idempotency_key)
+            needs.keys.add((self.req.tenant, self.req.upstream, self.req.idempotency_key))
 
     def apply(self, ws: WorkingSet, ctx: OpContext) -> ClaimResult:
         req = self.req
@@ -296,7 +296,7 @@ class RecordRejection:
 
     def declare(self, needs: Needs) -> None:
         if self.req.idempotency_key is not None:
-            needs.keys.add(self.req.idempotency_key)
+            needs.keys.add((self.req.tenant, self.req.upstream, self.req.idempotency_key))
 
     def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView | None:
         req = self.req

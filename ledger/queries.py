@@ -68,8 +68,16 @@ async def load(
     if needs.ids:
         selects.append(_select_rows().where(ENTRIES.c.id.in_(sorted(needs.ids))))
     if needs.keys:
-        # Filtered on the key alone (the unique index's first column); `ws.find` checks the scope.
-        selects.append(_select_rows().where(ENTRIES.c.idempotency_key.in_(sorted(needs.keys))))
+        # The key is the unique index's first column; the scope filters narrow what is locked,
+        # and `ws.find` matches the exact (tenant, upstream, key) triples.
+        tenants, upstreams, keys = (sorted(set(part)) for part in zip(*needs.keys, strict=True))
+        selects.append(
+            _select_rows().where(
+                ENTRIES.c.idempotency_key.in_(keys),
+                ENTRIES.c.tenant.in_(tenants),
+                ENTRIES.c.upstream.in_(upstreams),
+            )
+        )
     for stmt in selects:
         result = await conn.execute(_locking(stmt.order_by(ENTRIES.c.id), dialect))
         for row in _rows(result):
