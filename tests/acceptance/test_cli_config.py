@@ -1,0 +1,72 @@
+"""`interlock check-config` and `serve` as a user runs them: real processes, real exit codes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.integration.mcp_servers import REPO_ROOT
+
+EXAMPLE = REPO_ROOT / "examples" / "interlock.yaml"
+
+
+def interlock(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy.cli", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "COLUMNS": "160", **(env or {})},
+    )
+
+
+def test_check_config_prints_the_effective_policy():
+    """The example config is valid and its limits, classes and rules (in order) are printed."""
+    done = interlock("check-config", str(EXAMPLE), env={"OPENAI_API_KEY": "sk-test"})
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "Limits per scope" in out
+    assert "upstream:mail" in out
+    assert "cost_class:browser" in out
+    assert out.index("mail/send_*") < out.index("*/search*")
+    assert "fields: to, subject" in out
+    assert "sk-test" not in out  # header values are secrets: only their names are shown
+    assert out.rstrip().endswith(f"{EXAMPLE}: OK")
+
+
+def test_check_config_refuses_a_bad_file_with_key_and_line(tmp_path: Path):
+    """A bad file exits 2 with a message naming the file, line, key path and why."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "upstreams:\n"
+        '  mail: {mcp: "http://127.0.0.1:9/mcp"}\n'
+        "tools:\n"
+        "  - match: x/y\n"
+        "    cost_class: nope\n"
+    )
+    done = interlock("check-config", str(bad))
+    assert done.returncode == 2
+    assert f"{bad}:5: tools[0].cost_class = 'nope': unknown cost class" in done.stderr
+
+
+def test_serve_with_a_bad_config_exits_2_without_a_traceback(tmp_path: Path):
+    """`serve` refuses an invalid file before listening, with the same clear message."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("upstreams: {}\nmode: enforce\n")
+    done = interlock("serve", "--config", str(bad))
+    assert done.returncode == 2
+    assert "configure at least one upstream" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_config_from_environment_variable(tmp_path: Path):
+    """Without --config, INTERLOCK_CONFIG names the file."""
+    good = tmp_path / "i.yaml"
+    good.write_text('upstreams:\n  mail: {mcp: "http://127.0.0.1:9/mcp"}\n')
+    done = interlock("check-config", env={"INTERLOCK_CONFIG": str(good)})
+    assert done.returncode == 0, done.stderr
+    assert f"{good}: OK" in done.stdout
