@@ -6,7 +6,8 @@ never limited). It may start only when every scope has room. Work classes are pr
 in a scope limited to N running calls, `critical` keeps a reserve of floor(share × N) slots (never
 all N) that no other band may take; other bands share the rest, work-conserving. A small scope
 (10 % of N < 1) keeps no reserve, so `max_running: 2` really admits two calls; critical calls
-still start first whenever a slot frees there. Which waiting call starts next is `policies.admission_fairness`.
+still start first whenever a slot frees there. Which waiting call starts next is
+`policies.admission_fairness`.
 
 A band's patience is min(band max_wait_s, max_wait_s of every scope the call touches that sets
 one). With patience 0 (interactive, by default) a call that does not fit is refused at once.
