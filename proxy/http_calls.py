@@ -420,7 +420,9 @@ class _EntryRecorder:
     async def _write(self, state: str, operation: Any) -> None:
         span = self._call.span
         try:
-            with telemetry.child_span("interlock.ledger.finish", attributes={"to": state}):
+            with telemetry.child_span(
+                "interlock.ledger.finish", attributes={telemetry.Attr.LEDGER_STATE: state}
+            ):
                 # shielded: a caller that goes away must not leave the entry `running`
                 await asyncio.shield(operation)
             span.set_attribute("interlock.ledger.state", state)
