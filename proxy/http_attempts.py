@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -22,7 +22,7 @@ from aiohttp import web
 from opentelemetry.trace import SpanKind
 
 from policies.admission import Refusal
-from policies.retry import AttemptFailure, retrying, server_delay_s
+from policies.retry import retrying
 from proxy import metrics, telemetry
 from proxy.errors import UpstreamError, UpstreamNotReached, UpstreamPressure
 from proxy.http_forward import (
@@ -32,9 +32,9 @@ from proxy.http_forward import (
     response_headers,
     sse_error_event,
 )
-from proxy.mcp_forwarding import describe_failure
 from proxy.scheduler import AdmissionRefused, Slot
 from proxy.state import CONFIG, RETRY_BUDGETS, SCHEDULER
+from proxy.upstream_pressure import describe_failure, retry_cap, start_cooldown
 from proxy.usage import StreamUsage, usage_from_json
 
 if TYPE_CHECKING:
@@ -112,20 +112,6 @@ def _refusal_attributes(refusal: Refusal) -> dict[str, Any]:
 # -------------------------------------------------------------------------------- forward
 
 
-def _describe(error: BaseException) -> AttemptFailure | None:
-    """The failure in the retry policy's words, without the upstream's delay hints.
-
-    The delay an upstream asked for is honoured by the cooldown it started: the next attempt's
-    admission waits it out if the caller's class may wait, or refuses with the remaining time.
-    Sleeping it here as well would hold a fail-fast caller for the whole cooldown.
-    """
-    failure = describe_failure(error)
-    if failure is None or not isinstance(error, UpstreamPressure):
-        return failure
-    verdict = {k: v for k, v in failure.headers.items() if k.lower() == "x-should-retry"}
-    return replace(failure, headers=verdict)
-
-
 async def forward(call: HttpCall) -> Opened:
     """Send the request, retrying as policy allows, until a response head and first chunk arrive.
 
@@ -133,14 +119,13 @@ async def forward(call: HttpCall) -> Opened:
         UpstreamError: the last attempt's failure when no (further) retry is allowed.
         AdmissionRefused: a retry could not be admitted again (e.g. the cooldown is too long).
     """
-    retries = call.policy.retry_budget  # a rule's cap on retries of this call, if any
-    attempts = None if retries is None else 1 + retries
+    attempts = retry_cap(call.policy)
     loop = retrying(
         call.upstream.retry,
         side_effect=call.policy.side_effect,
         deadline=call.deadline,
         clock=time.monotonic,
-        describe=_describe,
+        describe=describe_failure,
         budget=call.app[RETRY_BUDGETS].for_upstream(call.upstream.name),
         max_attempts=attempts if call.retryable_body else 1,
     )
@@ -192,7 +177,7 @@ async def _attempt(call: HttpCall) -> Opened:
             span.set_attribute("error.type", type(exc).__name__)
             if isinstance(exc, UpstreamPressure):
                 span.set_attribute("http.response.status_code", exc.status)
-                _start_cooldown(call, exc)
+                start_cooldown(call.app, call.upstream.name, exc, call.span)
             raise
         span.set_attribute("http.response.status_code", response.status)
         try:
@@ -203,15 +188,6 @@ async def _attempt(call: HttpCall) -> Opened:
             raise
     metrics.first_byte(call.upstream.name, time.monotonic() - started)
     return Opened(response, first)
-
-
-def _start_cooldown(call: HttpCall, error: UpstreamPressure) -> None:
-    delay = server_delay_s(error.headers, now=time.time())
-    delay = _DEFAULT_COOLDOWN_S if delay is None else delay
-    if delay > 0:
-        call.app[SCHEDULER].start_cooldown(call.upstream.name, delay)
-        metrics.cooldown_started(call.upstream.name)
-        call.span.set_attribute("interlock.cooldown_s", delay)
 
 
 def cooldown_remaining(call: HttpCall) -> float:

@@ -38,6 +38,7 @@ from proxy.mcp_side_effects import run_side_effect
 from proxy.scheduler import AdmissionRefused, Slot
 from proxy.state import CONFIG, LEDGER, SCHEDULER
 from proxy.tool_catalog import learn_annotations, tool_annotations
+from proxy.upstream_pressure import retry_cap
 
 __all__ = ["McpCallContext", "Notify", "SendUpstream", "handle_tools_call"]
 
@@ -267,4 +268,5 @@ def _plan(
         deadline=call.deadline,
         on_wait=on_wait,
         span=call.span,
+        max_attempts=retry_cap(call.policy),
     )

@@ -19,20 +19,18 @@ from opentelemetry.trace import Span, SpanKind
 
 from policies.admission import AdmissionRequest
 from policies.model import UpstreamSpec
-from policies.retry import AttemptFailure, retrying, server_delay_s
+from policies.retry import retrying
 from proxy import metrics, telemetry
 from proxy.errors import (
     UpstreamError,
-    UpstreamLost,
     UpstreamNotReached,
     UpstreamPressure,
-    UpstreamRefused,
-    UpstreamTimeout,
 )
 from proxy.scheduler import Slot
 from proxy.state import RETRY_BUDGETS, SCHEDULER
+from proxy.upstream_pressure import describe_failure, start_cooldown
 
-__all__ = ["ForwardPlan", "describe_failure", "forward_with_retries"]
+__all__ = ["ForwardPlan", "forward_with_retries"]
 
 JsonObject = dict[str, Any]
 _DEFAULT_COOLDOWN_S = 1.0
@@ -53,29 +51,9 @@ class ForwardPlan:
     deadline: float
     on_wait: Callable[[str], Awaitable[None]] | None
     span: Span
+    max_attempts: int | None = None
+    """A rule's cap on this call's attempts (None: the upstream's retry settings)."""
     attempts: int = 0
-
-
-def describe_failure(error: BaseException) -> AttemptFailure | None:
-    """Our upstream errors in the retry policy's words (None: not a retryable kind of failure)."""
-    if isinstance(error, UpstreamNotReached):
-        return AttemptFailure("not_sent")
-    if isinstance(error, UpstreamPressure | UpstreamRefused):
-        return AttemptFailure("answered", error.status, error.headers)
-    if isinstance(error, UpstreamTimeout):
-        return AttemptFailure("timeout")
-    if isinstance(error, UpstreamLost):
-        return AttemptFailure("lost")
-    return None
-
-
-def _cooldown(plan: ForwardPlan, error: UpstreamPressure) -> None:
-    delay = server_delay_s(error.headers, now=time.time())
-    delay = _DEFAULT_COOLDOWN_S if delay is None else delay
-    if delay > 0:
-        plan.app[SCHEDULER].start_cooldown(plan.upstream.name, delay)
-        metrics.cooldown_started(plan.upstream.name)
-        plan.span.set_attribute("interlock.cooldown_s", delay)
 
 
 async def _attempt(plan: ForwardPlan) -> JsonObject:
@@ -108,7 +86,7 @@ async def _attempt(plan: ForwardPlan) -> JsonObject:
         except UpstreamError as exc:
             span.set_attribute("error.type", type(exc).__name__)
             if isinstance(exc, UpstreamPressure):
-                _cooldown(plan, exc)
+                start_cooldown(plan.app, plan.upstream.name, exc, plan.span)
             raise
 
 
@@ -126,6 +104,7 @@ async def forward_with_retries(plan: ForwardPlan) -> JsonObject:
         clock=time.monotonic,
         describe=describe_failure,
         budget=plan.app[RETRY_BUDGETS].for_upstream(plan.upstream.name),
+        max_attempts=plan.max_attempts,
     )
     try:
         async for attempt in loop:

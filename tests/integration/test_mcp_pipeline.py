@@ -141,33 +141,42 @@ async def test_overflow_is_refused_and_upstream_never_exceeds_its_limit(
 async def test_upstream_429_starts_a_shared_cooldown(fresh: RunningUpstream, tmp_path: Path):
     """After HTTP 429 with Retry-After: 2 the upstream receives no call until the cooldown ends.
 
-    The call that met the 429 is read-only, so it waits the cooldown out and is retried; another
-    interactive caller is refused at once with the remaining time; nothing reaches the upstream
-    while the cooldown lasts.
+    The interactive caller that met the 429 is refused with the remaining time (interactive work
+    fails fast); a background caller waits the cooldown out, told `waiting_for_dependency`, and
+    is served after it; nothing reaches the upstream while the cooldown lasts.
     """
     async with running_proxy(config(fresh), tmp_path) as proxy:
         url = proxy.mcp_url("up")
-        async with Client(url, mode="legacy") as first, Client(url, mode="legacy") as other:
+        states: list[str] = []
+
+        async def progress(value: float, total: float | None, message: str | None) -> None:
+            states.append(message or "")
+
+        async with Client(url, mode="legacy") as first, Client(url, mode="legacy") as patient:
             await first.list_tools()
             fresh.control(reject_next=1, status=429, retry_after="2", methods=["tools/call"])
             before = fresh.stats()["calls"].get("search_docs", 0)
-            waiting = asyncio.create_task(first.call_tool("search_docs", {"query": "a"}))
-            deadline = time.monotonic() + 5
-            while proxy.scheduler.cooldown_remaining("up") <= 0:
-                assert time.monotonic() < deadline, "the 429 did not start a cooldown"
-                await asyncio.sleep(0.01)
-            assert proxy.scheduler.cooldown_remaining("up") > 1.5
             with pytest.raises(MCPError) as refused:
-                await other.call_tool("search_docs", {"query": "b"})
+                await first.call_tool("search_docs", {"query": "a"})
             code, data = error_of(refused.value)
             assert code == -32050
             assert data["reason"] == "cooldown"
             assert 0 < data["retry_after_s"] <= 2
+            assert proxy.scheduler.cooldown_remaining("up") > 0
+            waiting = asyncio.create_task(
+                patient.call_tool(
+                    "search_docs",
+                    {"query": "b"},
+                    progress_callback=progress,
+                    meta={"interlock/class": "background"},
+                )
+            )
             while proxy.scheduler.cooldown_remaining("up") > 0.05:
                 assert fresh.stats()["calls"].get("search_docs", 0) == before
                 await asyncio.sleep(0.1)
             result = await asyncio.wait_for(waiting, 10)
     assert not result.is_error
+    assert "waiting_for_dependency" in states
     assert fresh.stats()["calls"]["search_docs"] == before + 1
 
 
