@@ -11,12 +11,19 @@ import hmac
 import ipaddress
 import os
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import Any
 
 from aiohttp import web
 
-from ledger import AmbiguousReference, EntryNotFound, IllegalTransition, LedgerError, LedgerStore
+from ledger import (
+    AmbiguousReference,
+    EntryNotFound,
+    IllegalTransition,
+    LedgerError,
+    LedgerStore,
+    entry_json,
+    transition_json,
+)
 from proxy.state import CONFIG, LEDGER, SCHEDULER
 
 __all__ = ["setup"]
@@ -25,10 +32,7 @@ _RESOLUTIONS = ("succeeded", "failed", "retry")
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
+    """The scheduler's snapshot (frozen dataclasses and mappings) as JSON values."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
@@ -113,7 +117,7 @@ async def list_entries(request: web.Request) -> web.Response:
         tenant=query.get("tenant"),
         limit=limit,
     )
-    return web.json_response([_jsonable(e) for e in entries])
+    return web.json_response([entry_json(e) for e in entries])
 
 
 async def show_entry(request: web.Request) -> web.Response:
@@ -121,7 +125,9 @@ async def show_entry(request: web.Request) -> web.Response:
         entry, history = await _store(request).get(request.match_info["ref"])
     except (EntryNotFound, AmbiguousReference) as exc:
         return _error(404, "not_found", str(exc))
-    return web.json_response({**_jsonable(entry), "history": _jsonable(history)})
+    return web.json_response(
+        {**entry_json(entry), "history": [transition_json(t) for t in history]}
+    )
 
 
 async def resolve_entry(request: web.Request) -> web.Response:
@@ -143,7 +149,7 @@ async def resolve_entry(request: web.Request) -> web.Response:
         return _error(404, "not_found", str(exc))
     except IllegalTransition as exc:
         return _error(409, "illegal_transition", str(exc))
-    return web.json_response(_jsonable(entry))
+    return web.json_response(entry_json(entry))
 
 
 def setup(app: web.Application) -> None:

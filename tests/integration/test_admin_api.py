@@ -1,0 +1,92 @@
+"""The operator API: guarded by a bearer token (or loopback), and it reads and resolves entries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from ledger import ClaimRequest
+from tests.integration.proxy_harness import running_proxy
+
+CONFIG = """
+    ledger: {url: "sqlite:///ledger.db"}
+    admin: {token_env: INTERLOCK_TEST_ADMIN_TOKEN}
+    upstreams:
+      up: {mcp: "http://127.0.0.1:9/mcp"}
+"""
+
+
+def claim(key: str) -> ClaimRequest:
+    return ClaimRequest(
+        tenant="acme",
+        upstream="up",
+        tool="send_email",
+        idempotency_key=key,
+        key_source="explicit",
+        fingerprint="f" * 64,
+    )
+
+
+async def test_token_is_required_when_configured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """With the token variable set, /admin answers 401 without it and 200 with it."""
+    monkeypatch.setenv("INTERLOCK_TEST_ADMIN_TOKEN", "s3cret")
+    async with running_proxy(CONFIG, tmp_path) as proxy, aiohttp.ClientSession() as http:
+        async with http.get(f"{proxy.base}/admin/stats") as answer:
+            assert answer.status == 401
+        wrong = {"Authorization": "Bearer nope"}
+        async with http.get(f"{proxy.base}/admin/stats", headers=wrong) as answer:
+            assert answer.status == 401
+        right = {"Authorization": "Bearer s3cret"}
+        async with http.get(f"{proxy.base}/admin/stats", headers=right) as answer:
+            assert answer.status == 200
+            body = await answer.json()
+    assert "scheduler" in body
+    assert "ledger" in body
+
+
+async def test_list_show_and_resolve_an_unknown_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Without a token (loopback caller) an operator lists unknown entries and resolves one."""
+    monkeypatch.delenv("INTERLOCK_TEST_ADMIN_TOKEN", raising=False)
+    async with running_proxy(CONFIG, tmp_path) as proxy, aiohttp.ClientSession() as http:
+        claimed = await proxy.store.claim(claim("k-1"))
+        await proxy.store.mark_unknown(
+            claimed.entry.id, claimed.entry.fencing_token, reason="timeout"
+        )
+        async with http.get(f"{proxy.base}/admin/ledger?state=unknown") as answer:
+            listed = await answer.json()
+        assert [e["idempotency_key"] for e in listed] == ["k-1"]
+        entry_id = listed[0]["id"]
+        async with http.get(f"{proxy.base}/admin/ledger/{entry_id}") as answer:
+            shown = await answer.json()
+        assert [h["to_state"] for h in shown["history"]] == ["running", "unknown"]
+        resolve = f"{proxy.base}/admin/ledger/{entry_id}/resolve"
+        async with http.post(resolve, json={"as": "succeeded", "note": "seen"}) as answer:
+            assert answer.status == 200
+            assert (await answer.json())["state"] == "succeeded"
+        async with http.post(resolve, json={"as": "failed"}) as answer:
+            assert answer.status == 409  # succeeded is final: an illegal transition
+        async with http.post(resolve, json={"as": "maybe"}) as answer:
+            assert answer.status == 400
+        async with http.get(f"{proxy.base}/admin/ledger/no-such-entry") as answer:
+            assert answer.status == 404
+
+
+async def test_readyz_reports_a_ledger_that_is_down(tmp_path: Path):
+    """/healthz stays up while /readyz says why the proxy is not ready."""
+    down = CONFIG.replace('"sqlite:///ledger.db"', '"postgresql+asyncpg://postgres@127.0.0.1:9/x"')
+    async with running_proxy(down, tmp_path) as proxy, aiohttp.ClientSession() as http:
+        async with http.get(f"{proxy.base}/healthz") as answer:
+            assert answer.status == 200
+        async with http.get(f"{proxy.base}/readyz") as answer:
+            assert answer.status == 503
+            assert (await answer.json())["status"] == "ledger_unavailable"
+    async with (
+        running_proxy(CONFIG, tmp_path) as proxy,
+        aiohttp.ClientSession() as http,
+        http.get(f"{proxy.base}/readyz") as answer,
+    ):
+        assert answer.status == 200
