@@ -11,12 +11,14 @@ test keeps that constant equal to the newest script.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
 from ledger.db import Engines, open_engines, translate_errors
+from ledger.errors import LedgerUnavailable
 from policies.model import LedgerSettings
 
 if TYPE_CHECKING:
@@ -37,6 +39,7 @@ HEAD_REVISION = "0001"
 
 VERSION_TABLE = "interlock_ledger_version"
 _ADVISORY_LOCK = 0x1E06E5  # any constant shared by every replica
+_LOCKED_RETRIES = 6
 
 
 def alembic_config(connection: sa.Connection | None = None) -> Config:
@@ -86,15 +89,30 @@ async def upgrade(engines: Engines, revision: str = "head") -> tuple[str | None,
     Raises:
         LedgerUnavailable: the database cannot be written.
     """
-    with translate_errors("migration"):
-        async with engines.write.begin() as conn:
-            if engines.dialect == "postgresql":
-                await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_ADVISORY_LOCK)))
-            before = await conn.run_sync(_current_revision)
-            if before == HEAD_REVISION and revision == "head":
-                return before, before
-            await conn.run_sync(lambda sync: _alembic_upgrade(sync, revision))
-            after = await conn.run_sync(_current_revision)
+    for attempt in range(_LOCKED_RETRIES):
+        try:
+            with translate_errors("migration"):
+                return await _upgrade_once(engines, revision)
+        except LedgerUnavailable as error:
+            # A brand-new SQLite file: replicas starting together race to switch it to WAL,
+            # which SQLite refuses with "database is locked" without waiting for the busy
+            # timeout. The race is over in moments; anything else is a real failure.
+            locked = engines.dialect == "sqlite" and "database is locked" in str(error)
+            if not locked or attempt == _LOCKED_RETRIES - 1:
+                raise
+            await asyncio.sleep(0.05 * 2**attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _upgrade_once(engines: Engines, revision: str) -> tuple[str | None, str]:
+    async with engines.write.begin() as conn:
+        if engines.dialect == "postgresql":
+            await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_ADVISORY_LOCK)))
+        before = await conn.run_sync(_current_revision)
+        if before == HEAD_REVISION and revision == "head":
+            return before, before
+        await conn.run_sync(lambda sync: _alembic_upgrade(sync, revision))
+        after = await conn.run_sync(_current_revision)
     return before, after or ""
 
 
