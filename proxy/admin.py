@@ -10,6 +10,7 @@ import dataclasses
 import hmac
 import ipaddress
 import os
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -152,9 +153,39 @@ async def resolve_entry(request: web.Request) -> web.Response:
     return web.json_response(entry_json(entry))
 
 
+_SCOPE = re.compile(r"^(global|(tenant|run|upstream|cost_class|class):[^\s]{1,200})$")
+
+
+async def pause_scope(request: web.Request) -> web.Response:
+    """Refuse new calls touching a scope (reason `paused`) until it is resumed."""
+    scope = request.match_info["scope"]
+    if not _SCOPE.match(scope):
+        return _error(400, "bad_scope", "scope is global or kind:name, e.g. tenant:acme")
+    request.app[SCHEDULER].pause(scope)
+    return web.json_response({"scope": scope, "paused": True})
+
+
+async def resume_scope(request: web.Request) -> web.Response:
+    scope = request.match_info["scope"]
+    request.app[SCHEDULER].resume(scope)
+    return web.json_response({"scope": scope, "paused": False})
+
+
+async def end_cooldown(request: web.Request) -> web.Response:
+    """End an upstream's cooldown early (the operator knows it has recovered)."""
+    upstream = request.match_info["upstream"]
+    if upstream not in request.app[CONFIG].upstreams:
+        return _error(404, "not_found", f"no upstream named {upstream!r}")
+    request.app[SCHEDULER].end_cooldown(upstream)
+    return web.json_response({"upstream": upstream, "cooldown_s": 0})
+
+
 def setup(app: web.Application) -> None:
     app.middlewares.append(_guard)
     app.router.add_get("/admin/stats", stats)
     app.router.add_get("/admin/ledger", list_entries)
     app.router.add_get("/admin/ledger/{ref}", show_entry)
     app.router.add_post("/admin/ledger/{ref}/resolve", resolve_entry)
+    app.router.add_post("/admin/scopes/{scope}/pause", pause_scope)
+    app.router.add_post("/admin/scopes/{scope}/resume", resume_scope)
+    app.router.add_post("/admin/upstreams/{upstream}/end-cooldown", end_cooldown)

@@ -90,3 +90,28 @@ async def test_readyz_reports_a_ledger_that_is_down(tmp_path: Path):
         http.get(f"{proxy.base}/readyz") as answer,
     ):
         assert answer.status == 200
+
+
+async def test_pause_refuses_new_calls_until_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """POST /admin/scopes/tenant:acme/pause makes admission refuse that tenant with `paused`."""
+    from policies.admission import AdmissionRequest
+    from proxy.scheduler import AdmissionRefused
+
+    monkeypatch.delenv("INTERLOCK_TEST_ADMIN_TOKEN", raising=False)
+    async with running_proxy(CONFIG, tmp_path) as proxy, aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.base}/admin/scopes/tenant:acme/pause") as answer:
+            assert answer.status == 200
+        request = AdmissionRequest(tenant="acme", work_class="interactive", upstream="up")
+        with pytest.raises(AdmissionRefused) as refused:
+            await proxy.scheduler.admit(request)
+        assert refused.value.refusal.reason == "paused"
+        async with http.post(f"{proxy.base}/admin/scopes/tenant:acme/resume") as answer:
+            assert answer.status == 200
+        slot = await proxy.scheduler.admit(request)
+        slot.release()
+        async with http.post(f"{proxy.base}/admin/scopes/not a scope/pause") as answer:
+            assert answer.status == 400
+        async with http.post(f"{proxy.base}/admin/upstreams/nope/end-cooldown") as answer:
+            assert answer.status == 404
