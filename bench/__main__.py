@@ -49,7 +49,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
     parser.add_argument("names", nargs="*", help="benchmarks to run (default: all)")
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=max(Console().width, 140))
     console.print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}")
     failed = 0
     for name in _modules(args.names):
