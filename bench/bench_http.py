@@ -17,17 +17,14 @@ the load generator, the provider and the middle process compete), CPU/request mu
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,12 +32,10 @@ import aiohttp
 import psutil
 from aiohttp import web
 
-from bench.common import Table
+from bench.common import Table, bench_process
 
 __all__ = ["run"]
 
-_ROOT = Path(__file__).resolve().parents[1]
-_START_TIMEOUT_S = 30.0
 _CONCURRENCY = (1, 16, 64)
 _STREAM_CHUNKS = 20
 _CHAT = {"model": "bench", "messages": [{"role": "user", "content": "hello"}]}
@@ -76,44 +71,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@contextlib.asynccontextmanager
-async def _process(args: list[str], ready_url: str) -> AsyncIterator[psutil.Process]:
-    """A child process, yielded once `ready_url` answers; stopped with SIGTERM (then SIGKILL)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INTERLOCK_")}
-    env["INTERLOCK_LOG_LEVEL"] = "ERROR"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *args,
-        cwd=_ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        await _wait_ready(ready_url, proc)
-        yield psutil.Process(proc.pid)
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            proc.kill()
-            await asyncio.wait_for(proc.wait(), 5)
-
-
-async def _wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
-    deadline = time.monotonic() + _START_TIMEOUT_S
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
-        while time.monotonic() < deadline:
-            if proc.returncode is not None:
-                raise RuntimeError(f"{url}: the process exited with {proc.returncode}")
-            with contextlib.suppress(OSError, asyncio.TimeoutError):
-                async with session.get(url) as response:
-                    if response.status < 500:
-                        return
-            await asyncio.sleep(0.1)  # polling a starting process, bounded by the deadline
-    raise RuntimeError(f"{url} did not become ready")
+def _process(args: list[str], ready_url: str) -> AbstractAsyncContextManager[psutil.Process]:
+    return bench_process([sys.executable, *args], ready_url)
 
 
 def _proxy_config(folder: Path, port: int, provider: str) -> Path:

@@ -25,11 +25,8 @@ import asyncio
 import contextlib
 import itertools
 import json
-import os
-import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -42,12 +39,10 @@ from typing import Any
 import psutil
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
-from bench.common import Table
+from bench.common import Table, bench_process
 
 __all__ = ["run"]
 
-_ROOT = Path(__file__).resolve().parents[1]
-_START_TIMEOUT_S = 30.0
 _CALL_TIMEOUT_S = 30.0
 _MODERN = "2026-07-28"
 _ENVELOPE = {
@@ -94,38 +89,7 @@ def _upstream() -> Iterator[str]:
         yield upstream.url
 
 
-@contextlib.asynccontextmanager
-async def _process(args: list[str], health_url: str) -> AsyncIterator[psutil.Process]:
-    """A proxy subprocess, ready (its health URL answers) when yielded; stopped with SIGTERM."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INTERLOCK_")}
-    proc = await asyncio.create_subprocess_exec(
-        *args, cwd=_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        await _wait_ready(health_url, proc)
-        yield psutil.Process(proc.pid)
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            proc.kill()
-            await asyncio.wait_for(proc.wait(), 5)
-
-
-async def _wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
-    deadline = time.monotonic() + _START_TIMEOUT_S
-    async with ClientSession(timeout=ClientTimeout(total=1)) as session:
-        while time.monotonic() < deadline:
-            if proc.returncode is not None:
-                raise RuntimeError(f"proxy process exited with {proc.returncode}")
-            with contextlib.suppress(OSError, asyncio.TimeoutError):
-                async with session.get(url) as response:
-                    if response.status < 500:
-                        return
-            await asyncio.sleep(0.1)  # polling a starting process, bounded by the deadline
-    raise RuntimeError(f"{url} did not become ready")
+_process = bench_process
 
 
 def _interlock_config(folder: Path, port: int, upstream: str) -> Path:

@@ -16,31 +16,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-from aiohttp import ClientSession, ClientTimeout, web
+from aiohttp import ClientSession, web
 
-from bench.common import Table
+from bench.common import Table, bench_process
 from tests.integration.otlp_receiver import OtlpReceiver
 
 __all__ = ["run"]
 
-_ROOT = Path(__file__).resolve().parents[1]
 _CONCURRENCY = 8
-_START_TIMEOUT_S = 20.0
 
 
 @dataclass
@@ -104,43 +100,10 @@ def _config(folder: Path, port: int, upstream: str, telemetry: str) -> Path:
     return path
 
 
-@contextlib.asynccontextmanager
-async def _proxy(config: Path, port: int) -> AsyncIterator[psutil.Process]:
+def _proxy(config: Path, port: int) -> AbstractAsyncContextManager[psutil.Process]:
     """`interlock serve` as a subprocess, ready (its /healthz answers) when yielded."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INTERLOCK_")}
-    env["INTERLOCK_LOG_LEVEL"] = "ERROR"
-    proc = await asyncio.create_subprocess_exec(
-        *[sys.executable, "-m", "bench.bench_telemetry", "--serve", str(config)],
-        cwd=_ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        await _wait_ready(f"http://127.0.0.1:{port}/healthz", proc)
-        yield psutil.Process(proc.pid)
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            proc.kill()
-            await asyncio.wait_for(proc.wait(), 5)
-
-
-async def _wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
-    deadline = time.monotonic() + _START_TIMEOUT_S
-    async with ClientSession(timeout=ClientTimeout(total=1)) as session:
-        while time.monotonic() < deadline:
-            if proc.returncode is not None:
-                raise RuntimeError(f"interlock serve exited with {proc.returncode}")
-            with contextlib.suppress(OSError, asyncio.TimeoutError):
-                async with session.get(url) as response:
-                    if response.status == 200:
-                        return
-            await asyncio.sleep(0.1)  # polling a starting process, bounded by the deadline
-    raise RuntimeError("interlock serve did not become ready")
+    argv = [sys.executable, "-m", "bench.bench_telemetry", "--serve", str(config)]
+    return bench_process(argv, f"http://127.0.0.1:{port}/healthz")
 
 
 async def _drive(base: str, kind: str, calls: int, proc: psutil.Process) -> Result:
