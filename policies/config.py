@@ -6,8 +6,6 @@ Errors name the key path, the bad value, why, and the line in the file:
 
 from __future__ import annotations
 
-import fnmatch
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -17,7 +15,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from policies.config_checks import DEFAULT_CLASSES, check_config, merged_classes
 from policies.config_schema import ConfigIn, LimitsIn, ToolRuleIn, UpstreamIn
+from policies.config_yaml import MISSING, ConfigError, KeyPath, Loader, Reporter, dig, line_map
 from policies.model import (
     WORK_CLASSES,
     AdminSettings,
@@ -38,14 +38,6 @@ from policies.model import (
 
 __all__ = ["DEFAULT_CLASSES", "ConfigError", "load_config", "parse_config_text"]
 
-Path_ = tuple[str | int, ...]
-
-DEFAULT_CLASSES: dict[str, tuple[float, float]] = {
-    "critical": (0.10, 30.0),
-    "interactive": (0.60, 0.0),
-    "background": (0.25, 30.0),
-    "bulk": (0.05, 300.0),
-}
 _DEFAULT_LIMITS = {
     "global": LimitsIn(max_running=256, max_pending=1024),
     "tenant": LimitsIn(max_running=32, max_pending=128),
@@ -54,98 +46,6 @@ _DEFAULT_LIMITS = {
 _ENV_SECTIONS = ("admin", "ledger", "telemetry", "defaults", "budgets")
 _ENV_TOP_LEVEL = ("listen", "mode", "max_body_bytes", "retry_after_cap_s", "shutdown_grace_s")
 _INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_UPSTREAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-_HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "*"}
-
-
-class ConfigError(ValueError):
-    """The configuration cannot be used; `str()` is the message for the operator."""
-
-    def __init__(self, message: str, *, path: str = "", line: int | None = None) -> None:
-        super().__init__(message)
-        self.path = path
-        self.line = line
-
-
-def _fmt_path(path: Path_) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
-class _Loader(yaml.SafeLoader):
-    """A safe loader that refuses duplicate keys (PyYAML would silently keep the last one)."""
-
-
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> Any:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise ConfigError(
-                f"duplicate key {key!r} (first at line {seen[key]})",
-                path=str(key),
-                line=key_node.start_mark.line + 1,
-            )
-        seen[key] = key_node.start_mark.line + 1
-    return loader.construct_mapping(node, deep=deep)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def _line_map(
-    node: yaml.Node | None, path: Path_ = (), out: dict[Path_, int] | None = None
-) -> dict[Path_, int]:
-    """Map each key path of the document to the line (1-based) where its value starts."""
-    out = {} if out is None else out
-    if node is None:
-        return out
-    out.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            child = (*path, str(key_node.value))
-            out[child] = key_node.start_mark.line + 1
-            _line_map(value_node, child, out)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _line_map(item, (*path, index), out)
-    return out
-
-
-class _Reporter:
-    """Builds `ConfigError`s that point at the line of the offending key."""
-
-    def __init__(self, source: str, lines: Mapping[Path_, int]) -> None:
-        self.source = source
-        self.lines = lines
-
-    def line_of(self, path: Path_) -> int | None:
-        for cut in range(len(path), -1, -1):
-            if path[:cut] in self.lines:
-                return self.lines[path[:cut]]
-        return None
-
-    def error(self, path: Path_, value: Any, why: str) -> ConfigError:
-        line = self.line_of(path)
-        where = f"{self.source}:{line}" if line else self.source
-        shown = "" if value is _MISSING else f" = {value!r}"
-        return ConfigError(
-            f"{where}: {_fmt_path(path)}{shown}: {why}", path=_fmt_path(path), line=line
-        )
-
-
-_MISSING = object()
-
-
-def _dig(data: Any, path: Path_) -> Any:
-    for part in path:
-        try:
-            data = data[part]
-        except (KeyError, IndexError, TypeError):
-            return _MISSING
-    return data
 
 
 def _apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> None:
@@ -186,8 +86,8 @@ def parse_config_text(
     """
     environ = os.environ if environ is None else environ
     try:
-        root = yaml.compose(text, Loader=_Loader)
-        data = yaml.load(text, Loader=_Loader)
+        root = yaml.compose(text, Loader=Loader)
+        data = yaml.load(text, Loader=Loader)
     except ConfigError as exc:
         raise ConfigError(f"{source}:{exc.line}: {exc}", path=exc.path, line=exc.line) from None
     except yaml.YAMLError as exc:
@@ -195,7 +95,7 @@ def parse_config_text(
         line = mark.line + 1 if mark is not None else None
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{source}:{line}: not valid YAML: {problem}", line=line) from None
-    reporter = _Reporter(source, _line_map(root))
+    reporter = Reporter(source, line_map(root))
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -205,9 +105,9 @@ def parse_config_text(
         parsed = ConfigIn.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        path: Path_ = tuple(first["loc"])
-        raise reporter.error(path, _dig(data, path), first["msg"]) from None
-    _check(parsed, reporter)
+        path: KeyPath = tuple(first["loc"])
+        raise reporter.error(path, dig(data, path), first["msg"]) from None
+    check_config(parsed, reporter)
     return _build(parsed, reporter, environ, base_dir, source)
 
 
@@ -225,90 +125,11 @@ def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None 
     return parse_config_text(text, str(file), environ, base_dir=file.resolve().parent)
 
 
-def _check_glob(rule: ToolRuleIn, index: int, reporter: _Reporter) -> None:
-    pattern = rule.match
-    where = ("tools", index, "match")
-    if pattern.count("[") != pattern.count("]"):
-        raise reporter.error(where, pattern, "unbalanced '[' ']' in the glob")
-    target = pattern.split(":", 1)[1] if re.match(r"^[\w.-]+:", pattern) else pattern
-    if " " in target:
-        method, _, http_path = target.partition(" ")
-        if method.upper() not in _HTTP_METHODS or not http_path.startswith(("/", "*")):
-            raise reporter.error(
-                where, pattern, "an HTTP rule is 'METHOD /path-glob' (e.g. 'POST /v1/files*')"
-            )
-    elif "/" not in target:
-        raise reporter.error(where, pattern, "an MCP rule is 'upstream/tool' (e.g. 'mail/send_*')")
-    try:
-        re.compile(fnmatch.translate(pattern))
-    except re.error as exc:
-        raise reporter.error(where, pattern, f"not a valid glob: {exc}") from None
-
-
-def _check_upstream(name: str, up: UpstreamIn, reporter: _Reporter) -> None:
-    where: Path_ = ("upstreams", name)
-    if not _UPSTREAM_NAME.match(name):
-        raise reporter.error(where, name, "upstream names use letters, digits, '_', '-', '.'")
-    given = [k for k in ("mcp", "http", "command") if getattr(up, k) is not None]
-    if len(given) != 1:
-        why = "set exactly one of mcp, http, command" + (
-            f" (got {', '.join(given)})" if given else ""
-        )
-        raise reporter.error(where, _MISSING, why)
-    for key in ("mcp", "http"):
-        url = getattr(up, key)
-        if url is not None and not re.match(r"^https?://[^/\s]+", url):
-            raise reporter.error((*where, key), url, "must be an http:// or https:// URL")
-    if up.command is not None and not up.command:
-        raise reporter.error((*where, "command"), up.command, "must name a program to run")
-
-
-def _check(cfg: ConfigIn, reporter: _Reporter) -> None:
-    if not cfg.upstreams:
-        raise reporter.error(("upstreams",), {}, "configure at least one upstream")
-    for name, up in cfg.upstreams.items():
-        _check_upstream(name, up, reporter)
-    if not re.match(r"^(\[[0-9a-fA-F:]+\]|[\w.-]+):\d{1,5}$", cfg.listen):
-        raise reporter.error(("listen",), cfg.listen, "expected HOST:PORT, e.g. 127.0.0.1:8787")
-    shares = _merged_classes(cfg)
-    total = sum(share for share, _ in shares.values())
-    if not math.isclose(total, 1.0, abs_tol=1e-6):
-        detail = ", ".join(f"{k} {v[0]:g}" for k, v in shares.items())
-        raise reporter.error(
-            ("classes",), _MISSING, f"shares must sum to 1, got {total:g} ({detail})"
-        )
-    for index, rule in enumerate(cfg.tools):
-        _check_glob(rule, index, reporter)
-        if rule.cost_class is not None and rule.cost_class not in cfg.cost_classes:
-            defined = ", ".join(sorted(cfg.cost_classes)) or "none"
-            raise reporter.error(
-                ("tools", index, "cost_class"),
-                rule.cost_class,
-                f"unknown cost class (defined under cost_classes: {defined})",
-            )
-    endpoint = cfg.telemetry.otlp_endpoint
-    if endpoint is not None and not re.match(r"^https?://[^/\s]+", endpoint):
-        raise reporter.error(("telemetry", "otlp_endpoint"), endpoint, "must be an http(s) URL")
-    if not re.match(r"^(sqlite|postgresql|postgres)(\+\w+)?://", cfg.ledger.url):
-        raise reporter.error(
-            ("ledger", "url"),
-            cfg.ledger.url,
-            "expected sqlite:///PATH or postgresql://USER@HOST/DB",
-        )
-
-
-def _merged_classes(cfg: ConfigIn) -> dict[str, tuple[float, float]]:
-    merged = dict(DEFAULT_CLASSES)
-    for name, band in cfg.classes.items():
-        merged[name] = (band.share, band.max_wait_s)
-    return merged
-
-
-def _interpolate(value: str, path: Path_, reporter: _Reporter, environ: Mapping[str, str]) -> str:
+def _interpolate(value: str, path: KeyPath, reporter: Reporter, environ: Mapping[str, str]) -> str:
     def substitute(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in environ:
-            raise reporter.error(path, _MISSING, f"environment variable {name} is not set")
+            raise reporter.error(path, MISSING, f"environment variable {name} is not set")
         return environ[name]
 
     return _INTERPOLATION.sub(substitute, value)
@@ -329,7 +150,7 @@ def _ledger_url(url: str, base_dir: Path | None) -> str:
 
 
 def _build_upstream(
-    name: str, up: UpstreamIn, reporter: _Reporter, environ: Mapping[str, str]
+    name: str, up: UpstreamIn, reporter: Reporter, environ: Mapping[str, str]
 ) -> UpstreamSpec:
     headers = {
         key: _interpolate(value, ("upstreams", name, "headers", key), reporter, environ)
@@ -377,12 +198,12 @@ def _build_rule(index: int, rule: ToolRuleIn) -> ToolRule:
 
 def _build(
     cfg: ConfigIn,
-    reporter: _Reporter,
+    reporter: Reporter,
     environ: Mapping[str, str],
     base_dir: Path | None,
     source: str,
 ) -> Config:
-    merged = _merged_classes(cfg)
+    merged = merged_classes(cfg)
     classes: dict[WorkClass, ClassBand] = {
         name: ClassBand(name=name, share=merged[name][0], max_wait_s=merged[name][1])
         for name in WORK_CLASSES
