@@ -38,7 +38,7 @@ from proxy.upstream_pressure import describe_failure, retry_cap, start_cooldown
 from proxy.usage import StreamUsage, usage_from_json
 
 if TYPE_CHECKING:
-    from proxy.http_calls import HttpCall
+    from proxy.http_context import HttpCall
 
 __all__ = [
     "CLIENT_GONE",
