@@ -10,7 +10,6 @@ Side-effecting calls continue in `proxy.mcp_side_effects`.
 from __future__ import annotations
 
 import contextlib
-import copy
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -252,10 +251,12 @@ def _plan(
     admission: AdmissionRequest,
     on_wait: OnWait | None,
 ) -> ForwardPlan:
-    request = copy.deepcopy(call.request)
-    params = request["params"]
+    # Only params._meta is changed on the way up (trace context), so only that path is copied:
+    # the client's message stays as it arrived, and its arguments are shared, not deep-copied.
+    params = dict(call.request["params"])
     meta = params.get("_meta")
     params["_meta"] = dict(meta) if isinstance(meta, dict) else {}
+    request = {**call.request, "params": params}
     return ForwardPlan(
         app=call.ctx.app,
         upstream=call.ctx.upstream,
