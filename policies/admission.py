@@ -60,7 +60,9 @@ __all__ = [
     "scopes_for",
 ]
 
-RefusalReason = Literal["overloaded", "paused", "cooldown", "budget", "deadline", "shutting_down"]
+RefusalReason = Literal[
+    "overloaded", "paused", "cooldown", "budget", "deadline", "shutting_down", "rate_limited"
+]
 
 RETRY_AFTER_FLOOR_S = 1.0
 DEFAULT_SERVICE_TIME_S = 1.0  # assumed until a scope has finished calls to measure

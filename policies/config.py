@@ -136,7 +136,13 @@ def _interpolate(value: str, path: KeyPath, reporter: Reporter, environ: Mapping
 
 
 def _limits(limits: LimitsIn) -> Limits:
-    return Limits(limits.max_running, limits.max_pending, limits.max_wait_s)
+    return Limits(
+        limits.max_running,
+        limits.max_pending,
+        limits.max_wait_s,
+        limits.rate_per_s,
+        limits.burst,
+    )
 
 
 def _ledger_url(url: str, base_dir: Path | None) -> str:

@@ -29,6 +29,8 @@ class LimitsIn(_Strict):
     max_running: PositiveInt | None = None
     max_pending: NonNegativeInt | None = None
     max_wait_s: NonNegativeFloat | None = None
+    rate_per_s: PositiveFloat | None = None
+    burst: PositiveInt | None = None
 
 
 class ClassIn(_Strict):

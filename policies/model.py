@@ -40,11 +40,15 @@ KeyMode = Literal["explicit", "derived", "none", "fields"]
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Limits of one scope. `None` means unbounded for that dimension."""
+    """Limits of one scope: capacity (running, pending, wait) and rate. `None` means unbounded."""
 
     max_running: int | None = None
     max_pending: int | None = None
     max_wait_s: float | None = None
+    rate_per_s: float | None = None
+    """How many calls may start per second (token bucket); None = no rate limit."""
+    burst: int | None = None
+    """Calls that may start at once after a quiet spell (default: ceil(rate_per_s), at least 1)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,11 @@ def _num(value: float | int | None) -> str:
 
 
 def _limits_row(scope: str, limits: Limits) -> list[str]:
-    return [scope, _num(limits.max_running), _num(limits.max_pending), _num(limits.max_wait_s)]
+    rate = "-" if limits.rate_per_s is None else f"{limits.rate_per_s:g}/s"
+    if limits.rate_per_s is not None and limits.burst is not None:
+        rate += f" (burst {limits.burst})"
+    row = [_num(limits.max_running), _num(limits.max_pending), _num(limits.max_wait_s)]
+    return [scope, *row, rate]
 
 
 def print_policy(config: Config, console: Console | None = None) -> None:
@@ -33,7 +37,7 @@ def print_policy(config: Config, console: Console | None = None) -> None:
     )
 
     limits = Table(title="Limits per scope", title_justify="left")
-    for column in ("scope", "max_running", "max_pending", "max_wait_s"):
+    for column in ("scope", "max_running", "max_pending", "max_wait_s", "rate"):
         limits.add_column(column)
     for scope in ("global", "tenant", "run"):
         name = scope if scope == "global" else f"{scope} (each)"

@@ -31,10 +31,12 @@ from policies.admission import (
     WaitCooldown,
     Waiter,
     bounded_retry_after,
+    patience_s,
     scopes_for,
 )
 from policies.admission_book import AdmissionBook, Running, ScopeStats
 from policies.model import Config
+from policies.rate import RateBuckets, RateDecision, RateLimit
 
 __all__ = ["AdmissionRefused", "Scheduler", "SchedulerSnapshot", "ScopeStats", "Slot"]
 
@@ -116,6 +118,7 @@ class Scheduler:
         self._config = config
         self._clock = clock
         self._book = AdmissionBook(config)
+        self._rates = RateBuckets()
         self._pending: dict[int, _Pending] = {}
         self._cooldown_ended: dict[str, asyncio.Event] = {}
         self._cooldown_timers: dict[str, asyncio.TimerHandle] = {}
@@ -135,7 +138,7 @@ class Scheduler:
         arrived = self._clock()
         if self._config.mode == "observe":
             return self._observe(req, arrived)
-        waited = False
+        waited = await self._pace(req, arrived, on_wait)
         told_cooldown = False
         while True:
             now = self._clock()
@@ -154,9 +157,38 @@ class Scheduler:
             running = await self._wait_in_queue(req, decision, on_wait)
             return self._slot(running, arrived, waited)
 
+    def _rate(self, req: AdmissionRequest, now: float, max_wait_s: float) -> RateDecision:
+        limits = [
+            (scope.name, RateLimit.of(scope.limits.rate_per_s, scope.limits.burst))
+            for scope in scopes_for(self._config, req)
+            if scope.limits.rate_per_s is not None
+        ]
+        return self._rates.reserve(limits, now, max_wait_s)
+
+    async def _pace(self, req: AdmissionRequest, now: float, on_wait: OnWait | None) -> bool:
+        """Rate limits first: wait for the call's token if its patience allows, else refuse.
+
+        Raises:
+            AdmissionRefused: reason "rate_limited", retry_after_s = time to the next token.
+        """
+        patience = patience_s(self._config, req.work_class, scopes_for(self._config, req))
+        decision = self._rate(req, now, min(patience, max(req.deadline - now, 0.0)))
+        if decision.refused_scope is not None:
+            retry_after = bounded_retry_after(self._config, decision.retry_after_s, floor=0.05)
+            raise AdmissionRefused(Refusal("rate_limited", decision.refused_scope, retry_after))
+        if decision.wait_s <= 0:
+            return False
+        if on_wait is not None:
+            await on_wait("queued")
+        await asyncio.sleep(decision.wait_s)  # the token is reserved; this is the pacing itself
+        return True
+
     def _observe(self, req: AdmissionRequest, now: float) -> Slot:
         decision = self._book.decide(req, now)
         would_reject = decision.refusal if isinstance(decision, Reject) else None
+        rate = self._rate(req, now, 0.0)
+        if would_reject is None and rate.refused_scope is not None:
+            would_reject = Refusal("rate_limited", rate.refused_scope, rate.retry_after_s)
         running = self._book.start(req, scopes_for(self._config, req), now)
         return Slot(self, running, queue_wait_s=0.0, decision="admitted", would_reject=would_reject)
 

@@ -305,3 +305,25 @@ async def test_observe_mode_refuses_nothing_but_records_would_reject(
         )
     assert all(not r.is_error for r in results)
     assert fresh.stats()["max_running"] >= 2
+
+
+async def test_rate_limit_refuses_interactive_calls_over_the_rate(
+    fresh: RunningUpstream, tmp_path: Path
+):
+    """A tenant limited to 1 call/s: the second immediate call is refused `rate_limited`, unsent."""
+    extra = """
+        limits:
+          tenant: {max_running: 32, rate_per_s: 1, burst: 1}
+        """
+    async with running_proxy(config(fresh, extra=extra), tmp_path) as proxy:
+        url = proxy.mcp_url("up")
+        async with Client(url, mode="legacy") as client:
+            await client.call_tool("send_email", {"to": "r@x", "subject": "1"})
+            with pytest.raises(MCPError) as refused:
+                await client.call_tool("send_email", {"to": "r@x", "subject": "2"})
+    code, data = error_of(refused.value)
+    assert code == -32050
+    assert data["reason"] == "rate_limited"
+    assert data["scope"] == "tenant:default"
+    assert 0 < data["retry_after_s"] <= 1
+    assert fresh.stats()["emails_total"] == 1

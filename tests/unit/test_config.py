@@ -79,6 +79,22 @@ def test_environment_overrides_section_keys():
     assert config.defaults.work_class == "background"
 
 
+def test_rate_limits_parse_per_scope():
+    """rate_per_s and burst are limits like the others, on any scope."""
+    config = parse(
+        """\
+        limits:
+          tenant: {max_running: 8, rate_per_s: 2.5, burst: 5}
+        upstreams:
+          mail: {mcp: "http://127.0.0.1:9001/mcp", limits: {rate_per_s: 10}}
+        """
+    )
+    assert config.limits["tenant"].rate_per_s == 2.5
+    assert config.limits["tenant"].burst == 5
+    assert config.upstreams["mail"].limits.rate_per_s == 10
+    assert config.upstreams["mail"].limits.burst is None
+
+
 def test_headers_interpolate_environment_variables():
     """`${VAR}` in header values is replaced from the environment."""
     config = parse(
@@ -220,6 +236,16 @@ BAD_FILES = {
         """,
         4,
         ["upstreams.api.headers.Authorization", "NO_SUCH_VAR_FOR_TEST is not set"],
+    ),
+    "zero rate": (
+        """\
+        limits:
+          tenant: {rate_per_s: 0}
+        upstreams:
+          mail: {mcp: "http://127.0.0.1:9001/mcp"}
+        """,
+        2,
+        ["limits.tenant.rate_per_s", "greater than 0"],
     ),
     "bad listen address": (
         """\
