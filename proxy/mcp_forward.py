@@ -146,7 +146,10 @@ class HttpChannel:
         headers = self._request_headers(message, None)
         assert self._spec.url is not None
         try:
-            async with self._session.post(self._spec.url, data=body, headers=headers) as answer:
+            post = self._session.post(
+                self._spec.url, data=body, headers=headers, allow_redirects=False
+            )
+            async with post as answer:
                 await answer.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise UpstreamNotReached(f"{self._spec.name}: {exc!r}") from exc

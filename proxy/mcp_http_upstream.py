@@ -138,7 +138,9 @@ async def relay_http(
     """
     assert spec.url is not None
     async with _mapped_errors(spec):
-        upstream = await session.request(method, spec.url, data=body, headers=dict(headers))
+        upstream = await session.request(
+            method, spec.url, data=body, headers=dict(headers), allow_redirects=False
+        )
     async with upstream:
         if on_start is not None:
             on_start(upstream.status, upstream.headers)
@@ -231,7 +233,9 @@ async def _exchange(
 ) -> WireMessage:
     assert spec.url is not None
     async with _mapped_errors(spec):
-        upstream = await session.post(spec.url, data=body, headers=dict(headers))
+        upstream = await session.post(
+            spec.url, data=body, headers=dict(headers), allow_redirects=False
+        )
     async with upstream:
         if upstream.status in PRESSURE_STATUSES or upstream.status >= 300:
             async with _mapped_errors(spec):
