@@ -20,7 +20,7 @@ from aiohttp import web
 from ledger import LedgerError, LedgerStore, LedgerUnavailable, StaleToken
 from policies import answers
 from policies.admission import Refusal
-from policies.answers import Answer
+from policies.answers import CODE_INVALID_REQUEST, Answer
 from policies.keys import KeyDecision, decide_key, fingerprint
 from policies.token_budget import TokenBudget
 from proxy import metrics, telemetry
@@ -58,7 +58,11 @@ async def run_http_call(call: HttpCall) -> web.StreamResponse:
     if call.policy.costly and (refused := _over_budget(call)) is not None:
         return await call.answer(refused)
     if call.policy.side_effect:
-        call.key = _decide_key(call)
+        try:
+            call.key = _decide_key(call)
+        except (TypeError, ValueError) as exc:  # NaN, keys equal after NFC: no canonical form
+            reason, message = "invalid_arguments", f"the body has no canonical form: {exc}"
+            return await call.answer(answers.bad_request(CODE_INVALID_REQUEST, reason, message))
         call.span.set_attribute("interlock.idempotency.key_hash", telemetry.hash_key(call.key.key))
     try:
         call.slot = await admit(call)

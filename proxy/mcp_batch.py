@@ -27,6 +27,16 @@ __all__ = ["handle_batch"]
 log = logging.getLogger("interlock.mcp")
 
 
+def _element_answer(message: Message, outcome: bytes | BaseException) -> bytes:
+    if isinstance(outcome, bytes):
+        return outcome
+    if not isinstance(outcome, Exception):
+        raise outcome  # cancellation and the like end the whole request
+    log.error("batch element %r failed: %r", message.id, outcome)
+    error = {"code": -32603, "message": "Interlock failed to answer this element."}
+    return dumps({"jsonrpc": "2.0", "id": message.id, "error": error})
+
+
 async def handle_batch(pc: PostContext, body: Body) -> web.StreamResponse:
     """Forward a batch and answer every request in it."""
     if pc.modern:
@@ -52,16 +62,20 @@ async def handle_batch(pc: PostContext, body: Body) -> web.StreamResponse:
     gone = ClientGone()
     reply = pc.reply(gone)
     calls: list[asyncio.Task[bytes]] = []
+    requests: list[Message] = []
     with pc.transport.watcher.watch(pc.request, gone):
         for message in body.messages:
             if message.kind == "request":
                 calls.append(asyncio.create_task(_answer(pc, channel, message, reply, gone)))
+                requests.append(message)
                 continue
             try:
                 await channel.post(message.body, None)
             except UpstreamError as exc:
                 log.warning("%s: batch element not delivered: %s", pc.spec.name, exc)
-        answers = await asyncio.gather(*calls)
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        # One element's bug must not cost the others their answers (they may have run upstream).
+        answers = [_element_answer(m, o) for m, o in zip(requests, outcomes, strict=True)]
     answers += [dumps(error) for error in body.errors]
     if not answers:
         return await reply.accepted()

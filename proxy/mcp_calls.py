@@ -70,19 +70,25 @@ async def handle_tools_call(
     policy = classify_tool(
         config, ctx.upstream.name, tool, tool_annotations(ctx.app, ctx.upstream.name, tool)
     )
-    if policy.source == "default":  # neither a rule nor annotations: learn them before deciding
+    if policy.source == "default" and tool_annotations(ctx.app, ctx.upstream.name, tool) is None:
+        # Never listed (and no rule decides): learn the tool's annotations before defaulting.
         await learn_annotations(ctx.app, ctx.upstream)
         annotations = tool_annotations(ctx.app, ctx.upstream.name, tool)
         policy = classify_tool(config, ctx.upstream.name, tool, annotations)
-    key = decide_key(
-        policy.key,
-        explicit=attrs.idempotency_key,
-        tenant=attrs.tenant,
-        upstream=ctx.upstream.name,
-        tool=tool,
-        arguments=arguments,
-        run_id=attrs.run_id,
-    )
+    try:
+        key = decide_key(
+            policy.key,
+            explicit=attrs.idempotency_key,
+            tenant=attrs.tenant,
+            upstream=ctx.upstream.name,
+            tool=tool,
+            arguments=arguments,
+            run_id=attrs.run_id,
+        )
+    except (TypeError, ValueError) as exc:  # NaN, keys equal after NFC: no canonical form
+        return _invalid_params(
+            request, "invalid_arguments", f"arguments have no canonical form: {exc}"
+        )
     started = time.monotonic()
     span_attrs = {
         "mcp.method.name": "tools/call",

@@ -283,3 +283,21 @@ async def test_query_string_is_part_of_the_request(
     assert status == 201
     assert "Idempotent-Replayed" not in headers
     assert provider.count() == 3
+
+
+async def test_body_without_a_canonical_form_is_refused_unsent(
+    proxy: RunningProxy, provider: FakeProvider
+) -> None:
+    """A JSON body with NaN has no canonical form for its key: 400 invalid_arguments, unsent."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{proxy.base}{ACTIONS}",
+            data=b'{"n": NaN}',
+            headers={"Content-Type": "application/json", "Idempotency-Key": "k-nan"},
+        ) as response,
+    ):
+        body = await response.json()
+    assert response.status == 400
+    assert body["error"]["reason"] == "invalid_arguments"
+    assert provider.count() == 0

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from proxy.state import LEDGER
+from tests.integration.mcp_proxy_harness import RawMcp
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
 from tests.integration.proxy_harness import running_proxy
 
@@ -326,4 +329,30 @@ async def test_rate_limit_refuses_interactive_calls_over_the_rate(
     assert data["reason"] == "rate_limited"
     assert data["scope"] == "tenant:default"
     assert 0 < data["retry_after_s"] <= 1
+    assert fresh.stats()["emails_total"] == 1
+
+
+async def test_arguments_without_a_canonical_form_are_invalid_params_in_a_batch_too(
+    fresh: RunningUpstream, tmp_path: Path
+):
+    """NaN has no canonical JSON: that element answers -32602; its batch sibling still runs and
+    gets its own answer."""
+    async with running_proxy(config(fresh), tmp_path) as proxy, aiohttp.ClientSession() as http:
+        raw = RawMcp(http, proxy.mcp_url("up"))
+        await raw.initialize()
+        good = {"to": "n@x", "subject": "fine"}
+        batch = (
+            '[{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": '
+            '{"name": "send_email", "arguments": ' + json.dumps(good) + "}},"
+            '{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": '
+            '{"name": "send_email", "arguments": {"to": "n@x", "subject": NaN}}}]'
+        )
+        answer = await raw.post(batch.encode())
+    assert answer.status == 200
+    by_id = {m["id"]: m for m in (json.loads(x) for x in answer.messages) if "id" in m}
+    if not by_id:  # a JSON array body
+        by_id = {m["id"]: m for m in answer.json()}
+    assert "result" in by_id[1]
+    assert by_id[2]["error"]["code"] == -32602
+    assert by_id[2]["error"]["data"]["reason"] == "invalid_arguments"
     assert fresh.stats()["emails_total"] == 1
