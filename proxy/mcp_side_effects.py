@@ -175,6 +175,14 @@ async def _release(
 async def _record(
     call: ToolCall, store: LedgerStore, entry_id: str, token: int, response: JsonObject
 ) -> JsonObject:
+    result = response.get("result")
+    if isinstance(result, dict) and result.get("resultType") == "input_required":
+        # The tool asked the user something and has not acted yet: the client re-sends this
+        # same call with the answers, and that send must run (as the next attempt), not replay.
+        await _release(
+            call, store, entry_id, token, "input_required: the tool asked for input", None
+        )
+        return response
     state = outcome_state(response)
     error = response.get("error")
     try:
