@@ -120,7 +120,11 @@ def _answer_claim(call: ToolCall, result: ClaimResult) -> JsonObject | None:
 
 
 async def _forward_until_client_leaves(call: ToolCall, plan: ForwardPlan) -> JsonObject:
-    """Forward, but stop waiting when the client goes away (its call becomes `unknown`)."""
+    """Forward; in the 2026-07-28 era a client that goes away cancels the call (it becomes
+    `unknown`). In the handshake era a disconnect is not a cancellation (that is what
+    `notifications/cancelled` is for): the call runs on and its outcome is recorded."""
+    if not call.ctx.modern:
+        return await forward_with_retries(plan)
     forward = asyncio.ensure_future(forward_with_retries(plan))
     gone = asyncio.ensure_future(call.ctx.client_gone.wait())
     try:
