@@ -236,7 +236,7 @@ def _decide_key(call: HttpCall) -> KeyDecision:
     arguments = call.payload
     if arguments is None and isinstance(call.body, bytes) and call.body:
         arguments = {"body_sha256": hashlib.sha256(call.body).hexdigest()}
-    query = call.request.query_string
+    query = call.request.rel_url.raw_query_string
     decision = decide_key(
         call.policy.key,
         explicit=call.attrs.idempotency_key,

@@ -88,7 +88,7 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
     if spec is None or spec.kind != "http" or not spec.url:
         return _reply(_bad("unknown_upstream", f"No HTTP upstream named {name!r}.", 404))
     try:
-        target = upstream_url(spec.url, tail, request.query_string)
+        target = upstream_url(spec.url, tail, request.rel_url.raw_query_string)
         attrs = read_attributes(config, request.headers)
     except UnsafePath as exc:
         return _reply(_bad("unsafe_path", str(exc)))

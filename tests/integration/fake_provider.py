@@ -244,7 +244,7 @@ class _Handlers:
         received = Received(
             method=request.method,
             path=request.path,
-            query=request.query_string,
+            query=request.rel_url.raw_query_string,
             headers=dict(request.headers),
             body=body,
             at=time.monotonic(),

@@ -357,3 +357,16 @@ async def test_unreachable_upstream_is_a_502(proxy: RunningProxy) -> None:
     ):
         assert response.status == 502
         assert (await response.json())["error"]["reason"] == "upstream_unreachable"
+
+
+async def test_query_string_reaches_the_upstream_byte_for_byte(
+    proxy: RunningProxy, provider: FakeProvider
+) -> None:
+    """Percent-escapes in the query are forwarded as sent, never decoded on the way."""
+    raw = "q=a%26admin%3Dtrue&x=%23frag&s=a%20b&p=100%25"
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{proxy.base}/http/fake/v1/models?{raw}") as response,
+    ):
+        assert response.status == 200
+    assert provider.received[0].query == raw
