@@ -166,6 +166,7 @@ async def _attempt(call: HttpCall) -> Opened:
             call.request.headers.items(),
             call.upstream.headers,
             identity_encoding=call.policy.costly,
+            drop_credentials=bool(call.app[CONFIG].tenant_api_keys),
         )
         telemetry.inject_headers(headers)
         session = call.app[HTTP_SESSIONS][call.upstream.name]

@@ -73,6 +73,7 @@ PRESSURE_STATUSES = frozenset({429, 503, 529})
 # Headers of the caller that describe the connection to the proxy, not the request itself.
 _REQUEST_ONLY_HERE = frozenset({"host", "content-length", "expect"})
 _CONTROL_PREFIX = "x-interlock-"
+_CALLER_CREDENTIALS = frozenset({"authorization", "x-api-key", "cookie", "origin"})
 _PRESSURE_BODY_CAP = 64 * 1024
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _ESCAPING_CHARS = re.compile(r"[/\\\x00-\x1f\x7f]")
@@ -162,16 +163,21 @@ def request_headers(
     injected: Mapping[str, str],
     *,
     identity_encoding: bool = False,
+    drop_credentials: bool = False,
 ) -> CIMultiDict[str]:
     """Headers for the upstream request: the caller's end-to-end headers plus the configured ones.
 
     Hop-by-hop headers (and any the caller's `Connection` names), `Host`, `Content-Length` and the
     proxy's own `X-Interlock-*` control headers are dropped; configured headers replace the
     caller's of the same name. `identity_encoding` asks the upstream for an uncompressed body
-    (used when the proxy must read token usage from it).
+    (used when the proxy must read token usage from it). `drop_credentials` removes the
+    caller's `Authorization` / `x-api-key`, `Cookie` and `Origin` (when callers' API keys name
+    tenants, those keys are the proxy's, never the upstream's).
     """
     pairs = list(incoming)
     drop = HOP_BY_HOP | _REQUEST_ONLY_HERE | _connection_tokens(pairs)
+    if drop_credentials:
+        drop |= _CALLER_CREDENTIALS
     injected_names = {name.lower() for name in injected}
     out: CIMultiDict[str] = CIMultiDict()
     for name, value in pairs:

@@ -138,6 +138,17 @@ def test_request_headers_inject_configured_credentials() -> None:
     assert out.getall("X-API-KEY") == ["real"]
 
 
+def test_request_headers_drop_the_callers_tenant_key() -> None:
+    """With tenant API keys configured, the caller's key never reaches the upstream, even when
+    the upstream's own credential goes in another header."""
+    caller = [("Authorization", "Bearer tenant-key"), ("Cookie", "s=1"), ("Accept", "*/*")]
+    out = request_headers(caller, {"x-api-key": "real"}, drop_credentials=True)
+    assert "Authorization" not in out
+    assert "Cookie" not in out
+    assert out["x-api-key"] == "real"
+    assert out["Accept"] == "*/*"
+
+
 def test_request_headers_identity_encoding() -> None:
     """When the proxy must read the body, the upstream is asked not to compress it."""
     out = request_headers([("Accept-Encoding", "gzip, br")], {}, identity_encoding=True)
