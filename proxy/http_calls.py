@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -48,6 +48,9 @@ __all__ = ["TOKEN_BUDGET", "HttpCall", "run_http_call"]
 
 
 TOKEN_BUDGET = web.AppKey("token_budget", TokenBudget)
+# Statuses by which an upstream says it did not process the request (429/503/529 arrive earlier,
+# as pressure): request timeout, too early.
+_NOT_PROCESSED = frozenset({408, 425})
 
 
 # -------------------------------------------------------------------------------- pipeline
@@ -173,11 +176,13 @@ async def _forward_and_record(
     finally:
         opened.response.release()
     status = opened.response.status
-    if status >= 400:  # the upstream refused it without acting: the key may be sent again
+    if status in _NOT_PROCESSED:  # the upstream says it did not act: the key may be sent again
         await ledger.release(f"not executed: upstream answered HTTP {status}", None)
     else:
+        # A 4xx is the upstream's answer (a declined card stays declined): it is recorded as
+        # `failed` and replayed to a retry with the same key, like a success would be.
         outcome = encode_outcome(status, opened.response.headers.items(), body)
-        await ledger.finish(outcome)
+        await ledger.finish(outcome, failed=status >= 400)
     return await _end(call)
 
 
@@ -311,10 +316,10 @@ class _EntryRecorder:
     def __init__(self, call: HttpCall, store: LedgerStore, entry_id: str, token: int) -> None:
         self._call, self._store, self._id, self._token = call, store, entry_id, token
 
-    async def finish(self, outcome: bytes) -> None:
+    async def finish(self, outcome: bytes, *, failed: bool = False) -> None:
+        state: Literal["succeeded", "failed"] = "failed" if failed else "succeeded"
         await self._write(
-            "succeeded",
-            self._store.finish(self._id, self._token, state="succeeded", outcome=outcome),
+            state, self._store.finish(self._id, self._token, state=state, outcome=outcome)
         )
 
     async def unknown(self, reason: str) -> None:

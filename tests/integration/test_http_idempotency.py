@@ -211,17 +211,22 @@ async def test_admission_refusal_of_a_side_effect_is_recorded(
     assert provider.count() == 1
 
 
-async def test_upstream_4xx_is_relayed_and_the_key_stays_usable(
+async def test_upstream_4xx_is_recorded_failed_and_replayed(
     proxy: RunningProxy, provider: FakeProvider
 ) -> None:
-    """A 4xx (the upstream refused without acting) is relayed as-is and does not burn the key."""
-    status, _, _ = await post(proxy, {"n": 1}, "k-404", path="/http/fake/v1/unknown-route")
+    """A 4xx is the upstream's answer: relayed, recorded `failed`, and replayed to a retry with
+    the same key (a declined charge must not be attempted again)."""
+    status, _, body = await post(proxy, {"n": 1}, "k-404", path="/http/fake/v1/unknown-route")
     assert status == 404
-    entry = await settled(proxy, "k-404", "rejected")
-    assert entry.state == "rejected"
-    status, _, _ = await post(proxy, {"n": 1}, "k-404", path="/http/fake/v1/unknown-route")
-    assert status == 404
-    assert provider.count() == 2
+    entry = await settled(proxy, "k-404", "failed")
+    assert entry.state == "failed"
+    again, headers, replayed = await post(
+        proxy, {"n": 1}, "k-404", path="/http/fake/v1/unknown-route"
+    )
+    assert again == 404
+    assert headers["Idempotent-Replayed"] == "true"
+    assert replayed == body
+    assert provider.count() == 1
 
 
 async def test_large_outcome_replays_as_not_retained(
