@@ -125,7 +125,7 @@ def refused(
         data=_data(
             reason=reason,
             scope=scope,
-            retry_after_s=round(retry_after_s, 3),
+            retry_after_s=max(round(retry_after_s, 3), 0.001),  # never 0: that invites a hot loop
             idempotency_key=idempotency_key,
             entry_id=entry_id,
         ),
