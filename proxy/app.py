@@ -103,10 +103,25 @@ async def _ledger_maintenance(app: web.Application) -> None:
         await asyncio.sleep(settings.sweep_interval_s)
 
 
+async def _drain_in_flight(app: web.Application) -> None:
+    """Calls still running after the server stopped get the grace period to finish; the rest are
+    cancelled and awaited, so each records `unknown` while the ledger is still open."""
+    tasks = set(app[RUNTIME].in_flight)
+    if not tasks:
+        return
+    _done, pending = await asyncio.wait(tasks, timeout=app[CONFIG].shutdown_grace_s)
+    for task in pending:
+        task.cancel()
+    if pending:
+        log.warning("%d call(s) still in flight at shutdown were cancelled", len(pending))
+        await asyncio.wait(pending, timeout=5.0)
+
+
 async def _ledger_ctx(app: web.Application) -> AsyncIterator[None]:
     await _open_ledger(app)
     task = asyncio.create_task(_ledger_maintenance(app), name="ledger-maintenance")
     yield
+    await _drain_in_flight(app)
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
