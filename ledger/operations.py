@@ -121,6 +121,26 @@ def _start_attempt(row: EntryRow, req: ClaimRequest, ctx: OpContext) -> None:
     row.work_class, row.run_id, row.trace_id = req.work_class, req.run_id, req.trace_id
 
 
+def _expire_if_lapsed(ws: WorkingSet, row: EntryRow, ctx: OpContext, *, actor: str) -> bool:
+    """A running entry whose lease has run out becomes `unknown` (token bumped) — whoever
+    notices first, the sweeper or its late owner. Returns whether it did."""
+    lease = row.lease_expires_at
+    if row.state != _S.RUNNING or lease is None or lease >= ctx.now:
+        return False
+    evidence: dict[str, object] = {
+        "owner": row.owner,
+        "lease_expires_at": lease.isoformat(),
+        "stale_token": row.fencing_token,
+    }
+    row.state = _S.UNKNOWN
+    row.fencing_token += 1
+    row.lease_expires_at = None
+    row.error = "lease expired"
+    ws.touch(row, ctx.now)
+    ws.record(row, _S.RUNNING, at=ctx.now, actor=actor, reason="lease_expired", evidence=evidence)
+    return True
+
+
 def _refuse_stale(
     ws: WorkingSet, row: EntryRow, ctx: OpContext, token: int, report: Mapping[str, object]
 ) -> StaleToken:
@@ -185,6 +205,7 @@ class Finish:
     def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView:
         row = _get(ws, self.entry_id)
         target = _S(self.state)
+        _expire_if_lapsed(ws, row, ctx, actor=ctx.owner)  # a late finish never revives it
         if self.token != row.fencing_token:
             report = {"op": "finish", "state": self.state}
             report |= describe_report(self.outcome, self.error, ctx.max_outcome_bytes)
@@ -247,6 +268,7 @@ class ReleaseUnsent:
 
     def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView:
         row = _get(ws, self.entry_id)
+        _expire_if_lapsed(ws, row, ctx, actor=ctx.owner)
         if self.token != row.fencing_token:
             report = {"op": "release_unsent", "reason": self.reason}
             raise _refuse_stale(ws, row, ctx, self.token, report)
@@ -280,6 +302,8 @@ class Renew:
         row = ws.rows.get(self.entry_id)
         if row is None or row.fencing_token != self.token or row.state != _S.RUNNING:
             return False
+        if _expire_if_lapsed(ws, row, ctx, actor=ctx.owner):
+            return False  # too late: an expired lease is never extended
         row.lease_expires_at = ctx.now + _lease_end(ctx)
         ws.touch(row, ctx.now)
         return True
@@ -412,27 +436,7 @@ class Sweep:
     def apply(self, ws: WorkingSet, ctx: OpContext) -> int:
         swept = 0
         for entry_id in ws.expired[: self.limit]:
-            row = ws.rows[entry_id]
-            lease = row.lease_expires_at
-            if row.state != _S.RUNNING or lease is None or lease >= ctx.now:
-                continue  # an earlier operation of this batch renewed or finished it
-            evidence = {
-                "owner": row.owner,
-                "lease_expires_at": lease.isoformat(),
-                "stale_token": row.fencing_token,
-            }
-            row.state = _S.UNKNOWN
-            row.fencing_token += 1
-            row.lease_expires_at = None
-            row.error = "lease expired"
-            ws.touch(row, ctx.now)
-            ws.record(
-                row,
-                _S.RUNNING,
-                at=ctx.now,
-                actor=f"sweeper:{ctx.owner}",
-                reason="lease_expired",
-                evidence=evidence,
-            )
-            swept += 1
+            # skipped when an earlier operation of this batch renewed or finished it
+            if _expire_if_lapsed(ws, ws.rows[entry_id], ctx, actor=f"sweeper:{ctx.owner}"):
+                swept += 1
         return swept

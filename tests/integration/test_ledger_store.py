@@ -165,6 +165,27 @@ async def test_stale_token_finish_is_refused_and_kept_as_evidence(
     assert note.evidence["report"]["outcome_b64"] == "c2VudCE="  # b"sent!"
 
 
+async def test_a_lapsed_lease_is_unknown_even_before_the_sweeper_runs(
+    store: LedgerStore, clock: FakeClock
+) -> None:
+    """An expired lease becomes unknown, never succeeded: a late finish, release or renewal by
+    its owner (the sweeper has not come by yet) is refused and turns the entry unknown."""
+    finished = await store.claim(claim_request("late-finish"))
+    released = await store.claim(claim_request("late-release"))
+    renewed = await store.claim(claim_request("late-renew"))
+    clock.advance(11)
+    with pytest.raises(StaleToken):
+        await store.finish(finished.entry.id, 1, state="succeeded", outcome=b"ok")
+    with pytest.raises(StaleToken):
+        await store.release_unsent(released.entry.id, 1, reason="429", retry_after_s=1.0)
+    assert not await store.renew(renewed.entry.id, 1)
+    for claimed in (finished, released, renewed):
+        entry, history = await store.get(claimed.entry.id)
+        assert entry.state == EntryState.UNKNOWN
+        assert "lease_expired" in [h.reason for h in history]
+    assert await store.sweep_expired() == 0
+
+
 async def test_finish_twice_is_an_illegal_transition(store: LedgerStore) -> None:
     """The owner cannot finish an entry that is already finished."""
     claimed = await store.claim(claim_request("k"))
