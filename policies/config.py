@@ -178,6 +178,7 @@ def _build_upstream(
         limits=_limits(up.limits),
         timeout_s=up.timeout_s,
         retry=RetrySettings(**up.retry.model_dump()),
+        max_sessions=up.max_sessions,
     )
 
 

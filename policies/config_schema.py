@@ -86,6 +86,7 @@ class UpstreamIn(_Strict):
     limits: LimitsIn = LimitsIn()
     timeout_s: PositiveFloat | None = None
     retry: RetryIn = RetryIn()
+    max_sessions: PositiveInt = 32
 
 
 class KeyFieldsIn(_Strict):

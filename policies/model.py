@@ -127,6 +127,8 @@ class UpstreamSpec:
     limits: Limits = Limits()
     timeout_s: float | None = None
     retry: RetrySettings = RetrySettings()
+    max_sessions: int = 32
+    """stdio upstreams: live handshake-era sessions (one process each) at most."""
 
     @property
     def is_mcp(self) -> bool:

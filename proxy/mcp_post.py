@@ -12,13 +12,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from policies.answers import CODE_INVALID_REQUEST, Answer, bad_request
+from policies.answers import CODE_INVALID_REQUEST, Answer, bad_request, refused
 from policies.model import UpstreamSpec
 from proxy.errors import UpstreamError
 from proxy.jsonrpc import Message, WireMessage, dumps, wire_bytes
@@ -35,10 +36,14 @@ from proxy.mcp_headers import MCP_SESSION_ID_HEADER, upstream_request_headers
 from proxy.mcp_http_upstream import relay_http
 from proxy.mcp_reply import ClientGone, ClientReply, accepts_sse
 from proxy.mcp_state import MCP_TRANSPORT, McpTransport, SessionInfo, learn_tools
+from proxy.mcp_stdio_pool import SessionCapReached
 from proxy.state import CONFIG
 from proxy.telemetry import inject_headers
 
 __all__ = ["Answered", "PostContext", "answer_response", "channel_for", "handle_single"]
+
+log = logging.getLogger("interlock.mcp")
+_SESSION_RETRY_S = 5.0  # a stdio session slot frees when a client ends or idles out
 
 
 class Answered(Exception):
@@ -306,7 +311,14 @@ async def _stdio_initialize(
 ) -> web.StreamResponse:
     """Start a session: a new process, its `initialize` answer, and a session id minted here."""
     stdio = pc.transport.stdio
-    process = await stdio.spawn_session_process(pc.spec)
+    try:
+        process = await stdio.spawn_session_process(pc.spec)
+    except SessionCapReached as full:
+        # Refused like any admission: a JSON-RPC error carrying when to come back.
+        refusal = refused("overloaded", f"upstream:{pc.spec.name}", _SESSION_RETRY_S)
+        outcome.error_type = "overloaded"
+        log.warning("%s", full)
+        return await reply.finish(dumps(refusal.jsonrpc_error(message.id)))
     try:
         answer = await process.exchange(
             message.body, raw=pc.raw, relay=reply, timeout_s=pc.timeout_s

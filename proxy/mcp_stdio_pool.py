@@ -17,9 +17,13 @@ import time
 from policies.model import UpstreamSpec
 from proxy.mcp_stdio import StdioProcess
 
-__all__ = ["StdioUpstreams", "default_max_line_bytes"]
+__all__ = ["SessionCapReached", "StdioUpstreams", "default_max_line_bytes"]
 
 log = logging.getLogger("interlock.mcp.stdio")
+
+
+class SessionCapReached(Exception):
+    """The upstream already has `max_sessions` live stdio sessions (one process each)."""
 
 
 class StdioUpstreams:
@@ -33,11 +37,24 @@ class StdioUpstreams:
         self._shared_lock = asyncio.Lock()
         self._reaper: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
+        self._starting: dict[str, int] = {}
 
     async def spawn_session_process(self, spec: UpstreamSpec) -> StdioProcess:
-        """A new process for a handshake-era session (register it once `initialize` succeeded)."""
-        process = StdioProcess(spec, shared=False, max_line_bytes=self._max_line)
-        await process.start()
+        """A new process for a handshake-era session (register it once `initialize` succeeded).
+
+        Raises:
+            SessionCapReached: `spec.max_sessions` sessions are live (or starting) already.
+            UpstreamNotReached: the process could not be started.
+        """
+        live = sum(1 for p in self._sessions.values() if p.spec.name == spec.name and p.alive)
+        if live + self._starting.get(spec.name, 0) >= spec.max_sessions:
+            raise SessionCapReached(f"{spec.name}: {spec.max_sessions} stdio sessions are live")
+        self._starting[spec.name] = self._starting.get(spec.name, 0) + 1
+        try:
+            process = StdioProcess(spec, shared=False, max_line_bytes=self._max_line)
+            await process.start()
+        finally:
+            self._starting[spec.name] -= 1
         return process
 
     def register_session(self, process: StdioProcess) -> str:

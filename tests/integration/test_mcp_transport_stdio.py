@@ -253,6 +253,27 @@ async def test_idle_processes_are_reaped(tmp_path: Path, http: aiohttp.ClientSes
         assert (await raw.post({"jsonrpc": "2.0", "id": 1, "method": "ping"})).status == 404
 
 
+async def test_stdio_sessions_are_capped_per_upstream(tmp_path: Path, http: aiohttp.ClientSession):
+    """Past `max_sessions` live sessions, initialize is refused (-32050 overloaded) without
+    spawning; ending a session frees its slot."""
+    upstreams = {"st": stdio_upstream("st", max_sessions=1)}
+    async with running_proxy(upstreams, tmp_path) as proxy:
+        first = RawMcp(http, proxy.mcp_url("st"))
+        await first.initialize()
+        assert first.session_id
+        second = RawMcp(http, proxy.mcp_url("st"))
+        refused = await second.initialize()
+        error = refused.last["error"]
+        assert error["code"] == -32050
+        assert error["data"]["reason"] == "overloaded"
+        assert error["data"]["retry_after_s"] > 0
+        assert len(proxy.transport.stdio.processes()) == 1
+        assert await first.delete() == 200
+        third = RawMcp(http, proxy.mcp_url("st"))
+        await third.initialize()
+        assert third.session_id
+
+
 async def test_shutdown_ends_every_process(tmp_path: Path, http: aiohttp.ClientSession):
     """Stopping the proxy ends the session processes and the shared one."""
     upstreams = {"st": stdio_upstream("st")}
