@@ -29,6 +29,7 @@ from aiohttp import web
 
 from policies.answers import outcome_unknown, refused
 from policies.model import UpstreamSpec
+from policies.retry import server_delay_s
 from proxy import metrics
 from proxy.errors import (
     UpstreamError,
@@ -309,7 +310,12 @@ def failure_message(request_id: Any, exc: UpstreamError, spec: UpstreamSpec) -> 
     Unreachable → refused (-32050, `upstream_unreachable`); lost or timed out after sending →
     outcome unknown (-32053); an HTTP refusal by the upstream → internal error naming the status.
     """
-    if isinstance(exc, UpstreamPressure | UpstreamRefused):
+    if isinstance(exc, UpstreamPressure):
+        delay = server_delay_s(exc.headers, now=time.time())
+        retry_after = max(delay if delay is not None else 1.0, 1.0)
+        answer = refused("upstream", f"upstream:{spec.name}", retry_after, upstream_down=True)
+        return answer.jsonrpc_error(request_id)
+    if isinstance(exc, UpstreamRefused):
         return error_response(
             request_id,
             _INTERNAL_ERROR,
@@ -317,9 +323,8 @@ def failure_message(request_id: Any, exc: UpstreamError, spec: UpstreamSpec) -> 
             {"reason": "upstream_http_status", "status": exc.status},
         )
     if isinstance(exc, UpstreamNotReached):
-        return refused("upstream_unreachable", "upstream", 1.0, upstream_down=True).jsonrpc_error(
-            request_id
-        )
+        answer = refused("upstream_unreachable", f"upstream:{spec.name}", 1.0, upstream_down=True)
+        return answer.jsonrpc_error(request_id)
     if isinstance(exc, UpstreamLost):
         return outcome_unknown(None, None, str(exc)).jsonrpc_error(request_id)
     raise exc  # pragma: no cover - the tree has no other leaves

@@ -116,7 +116,12 @@ async def test_batch_mixing_answered_and_refused_elements_answers_each(
     finally:
         upstream.control(reject_next=0)
     answers = {item["id"]: item for item in answer.json()}
-    assert answers[1]["error"]["data"] == {"reason": "upstream_http_status", "status": 429}
+    assert answers[1]["error"]["code"] == -32050  # refused, with the upstream's own delay
+    assert answers[1]["error"]["data"] == {
+        "reason": "upstream",
+        "scope": "upstream:up",
+        "retry_after_s": 3.0,
+    }
     assert answers[2]["result"] == {}
     assert answers[3]["error"]["code"] == -32600
 
