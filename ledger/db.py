@@ -5,6 +5,10 @@ timeout and foreign keys on. Python's sqlite3 module would open transactions by 
 not to, and every transaction is begun here instead: `BEGIN IMMEDIATE` for writers, so two
 processes never both read and then both try to write (which SQLite answers with an immediate
 "database is locked"), plain `BEGIN` for readers, which WAL never blocks.
+
+The SQLite group-commit writer also gets a synchronous engine on the stdlib `sqlite3` driver: it
+runs a whole batch in one call on its own thread, instead of one hop to aiosqlite's thread per
+statement. Its connections refuse to be used from any other thread (`check_same_thread`).
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event, exc
-from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy import NullPool, create_engine, event, exc
+from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ledger.errors import LedgerError, LedgerUnavailable
@@ -74,14 +78,21 @@ def sqlite_file(url: str) -> Path | None:
 
 @dataclass(frozen=True, slots=True)
 class Engines:
-    """One pool, seen two ways: `write` begins transactions that will write."""
+    """One pool, seen two ways: `write` begins transactions that will write.
+
+    `write_sync` (SQLite only, else None) is the group-commit writer's synchronous engine: every
+    transaction it begins is a write, and each connection stays on the thread that opened it.
+    """
 
     read: AsyncEngine
     write: AsyncEngine
     dialect: str
+    write_sync: Engine | None = None
 
     async def dispose(self) -> None:
         await self.read.dispose()
+        if self.write_sync is not None:
+            self.write_sync.dispose()
 
 
 def open_engines(settings: LedgerSettings) -> Engines:
@@ -91,9 +102,18 @@ def open_engines(settings: LedgerSettings) -> Engines:
         LedgerError: the URL is not usable (see `async_url`).
     """
     url = async_url(settings.url)
+    write_sync: Engine | None = None
     if url.get_backend_name() == "sqlite":
         engine = create_async_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
-        _configure_sqlite(engine, settings.durability)
+        _configure_sqlite(engine.sync_engine, settings.durability)
+        # No pool: the writer holds its one connection across batches, on its own thread.
+        sync_engine = create_engine(
+            url.set(drivername="sqlite+pysqlite"),
+            poolclass=NullPool,
+            connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": True},
+        )
+        _configure_sqlite(sync_engine, settings.durability)
+        write_sync = sync_engine.execution_options(**{_WRITE_OPTION: True})
     else:
         engine = create_async_engine(
             url,
@@ -105,13 +125,14 @@ def open_engines(settings: LedgerSettings) -> Engines:
         read=engine,
         write=engine.execution_options(**{_WRITE_OPTION: True}),
         dialect=url.get_backend_name(),
+        write_sync=write_sync,
     )
 
 
-def _configure_sqlite(engine: AsyncEngine, durability: str) -> None:
+def _configure_sqlite(engine: Engine, durability: str) -> None:
     synchronous = "NORMAL" if durability == "normal" else "FULL"
 
-    @event.listens_for(engine.sync_engine, "connect")
+    @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (see module docstring)
         cursor = dbapi_connection.cursor()
@@ -124,7 +145,7 @@ def _configure_sqlite(engine: AsyncEngine, durability: str) -> None:
             cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
 
-    @event.listens_for(engine.sync_engine, "begin")
+    @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
         writes = connection.get_execution_options().get(_WRITE_OPTION, False)
         connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")

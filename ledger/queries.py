@@ -5,6 +5,10 @@ so that, when two processes create the same key at once, the unique constraint p
 and the loser learns it from the ids that came back. Rows a batch will change are read with
 `FOR UPDATE` (PostgreSQL; SQLite's `BEGIN IMMEDIATE` already holds the database's write lock), so
 the decisions made in Python cannot be raced by another process before the commit.
+
+The writer's statements (`load`, `flush`) are synchronous functions over a `sa.Connection`: the
+SQLite writer runs a whole batch in one call on its own thread, the PostgreSQL writer through
+`AsyncConnection.run_sync`. The reads are async.
 """
 
 from __future__ import annotations
@@ -60,9 +64,7 @@ def _locking(stmt: sa.Select[Any], dialect: str, *, skip_locked: bool = False) -
     return stmt.with_for_update(skip_locked=skip_locked)
 
 
-async def load(
-    conn: AsyncConnection, needs: Needs, ws: WorkingSet, *, now: datetime, dialect: str
-) -> None:
+def load(conn: sa.Connection, needs: Needs, ws: WorkingSet, *, now: datetime, dialect: str) -> None:
     """Read (and on PostgreSQL lock, in id order) every row `needs` names into `ws`."""
     selects = []
     if needs.ids:
@@ -79,7 +81,7 @@ async def load(
             )
         )
     for stmt in selects:
-        result = await conn.execute(_locking(stmt.order_by(ENTRIES.c.id), dialect))
+        result = conn.execute(_locking(stmt.order_by(ENTRIES.c.id), dialect))
         for row in _rows(result):
             ws.load(row)
     if needs.sweep_limit:
@@ -90,20 +92,20 @@ async def load(
             .limit(needs.sweep_limit)
         )
         # Skip rows another replica holds: it is finishing, renewing or sweeping them itself.
-        result = await conn.execute(_locking(stmt, dialect, skip_locked=True))
+        result = conn.execute(_locking(stmt, dialect, skip_locked=True))
         for row in _rows(result):
             if row.id not in ws.rows:
                 ws.load(row)
             ws.expired.append(row.id)
 
 
-async def flush(conn: AsyncConnection, ws: WorkingSet, *, dialect: str) -> bool:
+def flush(conn: sa.Connection, ws: WorkingSet, *, dialect: str) -> bool:
     """Write the batch's new rows, changed rows and history rows.
 
     Returns False, having written only part of the batch, when another transaction committed one
     of the new keys first: the caller rolls back and runs the batch again, which then sees it.
     """
-    if ws.new_ids and not await _insert_new(conn, ws, dialect):
+    if ws.new_ids and not _insert_new(conn, ws, dialect):
         return False
     by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for row_id in sorted(ws.dirty):
@@ -112,25 +114,25 @@ async def flush(conn: AsyncConnection, ws: WorkingSet, *, dialect: str) -> bool:
         params["match_id"] = row_id
         by_columns.setdefault(tuple(changes), []).append(params)
     for columns, params_list in by_columns.items():
-        await conn.execute(_update_statement(columns), params_list)
+        conn.execute(_update_statement(columns), params_list)
     if ws.history:
-        await conn.execute(sa.insert(TRANSITIONS), ws.history)
+        conn.execute(sa.insert(TRANSITIONS), ws.history)
     return True
 
 
-async def _insert_new(conn: AsyncConnection, ws: WorkingSet, dialect: str) -> bool:
+def _insert_new(conn: sa.Connection, ws: WorkingSet, dialect: str) -> bool:
     new_rows = [ws.rows[i] for i in ws.new_ids]
     # A fixed order, so that two batches inserting the same keys wait rather than deadlock.
     new_rows.sort(key=lambda r: (r.idempotency_key, r.tenant, r.upstream))
     values = [r.values() for r in new_rows]
     if dialect == "postgresql":
         stmt = postgresql.insert(ENTRIES).on_conflict_do_nothing().returning(ENTRIES.c.id)
-        inserted = len((await conn.execute(stmt, values)).scalars().all())
+        inserted = len(conn.execute(stmt, values).scalars().all())
     else:
         # SQLite reports an executemany's row count; without RETURNING the statement is
         # prepared once rather than rebuilt for every batch size.
         plain = sqlite.insert(ENTRIES).on_conflict_do_nothing()
-        inserted = (await conn.execute(plain, values)).rowcount
+        inserted = conn.execute(plain, values).rowcount
     return inserted == len(new_rows)
 
 

@@ -14,6 +14,12 @@ by the sweeper when its lease expires: the ledger errs towards `unknown`, never 
 A caller that is cancelled before the writer reaches its operation is skipped. One cancelled after
 that may still be committed: for a claim, the entry is then running with nobody behind it, and its
 lease expiry makes it `unknown` — never silently lost, never silently repeated.
+
+On SQLite a whole batch (BEGIN IMMEDIATE, reads, writes, COMMIT) is one call on the writer's own
+thread, over a synchronous connection that only that thread ever touches: one hop from the event
+loop per batch rather than one per statement. A batch already handed to that thread runs to its
+end even when the writer is cancelled; its callers get `LedgerUnavailable` all the same. On
+PostgreSQL the same synchronous batch runs on the async connection through `run_sync`.
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -70,7 +78,11 @@ class GroupCommitWriter:
         self._max_batch = max_batch
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
         self._closed = False
-        self._conn: AsyncConnection | None = None
+        self._conn: AsyncConnection | None = None  # PostgreSQL
+        self._sync_conn: sa.Connection | None = None  # SQLite: only ever on the worker thread
+        self._worker: ThreadPoolExecutor | None = None
+        if engines.write_sync is not None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-writer")
         self._batches = 0
         self._operations = 0
         self._task = asyncio.create_task(self._run(), name="ledger-group-commit")
@@ -94,14 +106,20 @@ class GroupCommitWriter:
         return WriterStats(self._batches, self._operations)
 
     async def close(self) -> None:
-        """Commit what is queued, then stop."""
+        """Commit what is queued, then stop: release the connection and the worker thread."""
         if not self._closed:
             self._closed = True
             self._queue.put_nowait(None)
         try:
             await self._task
         finally:
-            await self._drop_connection()
+            try:
+                await self._drop_connection()
+            finally:
+                worker, self._worker = self._worker, None
+                if worker is not None:
+                    # Jobs already queued (the connection's release) still run on it.
+                    worker.shutdown(wait=False)
 
     async def _run(self) -> None:
         stopping = False
@@ -131,12 +149,11 @@ class GroupCommitWriter:
             _fail(batch, LedgerUnavailable(f"ledger write failed unexpectedly: {error!r}"))
 
     async def _commit(self, batch: list[_Pending]) -> None:
+        ops = [pending.op for pending in batch]
         for _ in range(_MAX_TRIES):
             try:
                 with translate_errors("write"):
-                    conn = await self._connection()
-                    async with conn.begin():
-                        results = await self._apply(conn, batch)
+                    results = await self._transaction(ops, self._context())
             except _LostRace:
                 continue
             except LedgerUnavailable as error:
@@ -160,36 +177,71 @@ class GroupCommitWriter:
             batch, LedgerUnavailable(f"ledger write gave up after {_MAX_TRIES} conflicting tries")
         )
 
-    async def _connection(self) -> AsyncConnection:
+    async def _transaction(self, ops: list[Operation[Any]], ctx: OpContext) -> list[object]:
+        """Run one batch in one transaction; its results (or refusals) in order."""
+        engine = self._engines.write_sync
+        if engine is not None:
+            if self._worker is None:
+                raise LedgerUnavailable("the ledger store is closed")
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self._worker, self._sqlite_transaction, engine, ops, ctx
+            )
         # Held across batches: a pool checkout and reset per batch would cost two more round
-        # trips to the database thread (SQLite) or server (PostgreSQL).
+        # trips to the server.
         if self._conn is None:
             self._conn = await self._engines.write.connect()
-        return self._conn
+        async with self._conn.begin():
+            return await self._conn.run_sync(_apply, ops, ctx, self._engines.dialect)
+
+    def _sqlite_transaction(
+        self, engine: sa.Engine, ops: list[Operation[Any]], ctx: OpContext
+    ) -> list[object]:
+        # On the worker thread only. The connection is held across batches, as on PostgreSQL.
+        if self._sync_conn is None:
+            self._sync_conn = engine.connect()
+        with self._sync_conn.begin():
+            return _apply(self._sync_conn, ops, ctx, "sqlite")
+
+    def _release_sync_connection(self) -> None:
+        # On the worker thread only.
+        conn, self._sync_conn = self._sync_conn, None
+        if conn is not None:
+            with contextlib.suppress(exc.DBAPIError, OSError):
+                conn.close()
 
     async def _drop_connection(self) -> None:
+        if self._worker is not None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._worker, self._release_sync_connection)
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(exc.DBAPIError, OSError):
                 await conn.close()
 
-    async def _apply(self, conn: AsyncConnection, batch: list[_Pending]) -> list[object]:
-        ctx = self._context()
-        needs = Needs()
-        for pending in batch:
-            pending.op.declare(needs)
-        ws = WorkingSet()
-        dialect = self._engines.dialect
-        await queries.load(conn, needs, ws, now=ctx.now, dialect=dialect)
-        results: list[object] = []
-        for pending in batch:
-            try:
-                results.append(pending.op.apply(ws, ctx))
-            except LedgerError as refused:
-                results.append(refused)
-        if not await queries.flush(conn, ws, dialect=dialect):
-            raise _LostRace
-        return results
+
+def _apply(
+    conn: sa.Connection, ops: list[Operation[Any]], ctx: OpContext, dialect: str
+) -> list[object]:
+    """Load what `ops` need, apply them in order and write the result (inside a transaction).
+
+    Raises:
+        _LostRace: another transaction committed one of the new keys first; roll back, rerun.
+    """
+    needs = Needs()
+    for op in ops:
+        op.declare(needs)
+    ws = WorkingSet()
+    queries.load(conn, needs, ws, now=ctx.now, dialect=dialect)
+    results: list[object] = []
+    for op in ops:
+        try:
+            results.append(op.apply(ws, ctx))
+        except LedgerError as refused:
+            results.append(refused)
+    if not queries.flush(conn, ws, dialect=dialect):
+        raise _LostRace
+    return results
 
 
 def _fail(batch: list[_Pending], error: LedgerUnavailable) -> None:
