@@ -1,0 +1,35 @@
+"""`interlock demo` (what `make demo` runs) completes every step and proves what it claims."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.mcp_servers import REPO_ROOT
+
+
+@pytest.mark.slow
+def test_demo_runs_every_step():
+    """The guided demo exits 0, shows refusals with retry_after_s, a queued call, one execution
+    for the duplicate, and an unknown entry resolved through the ledger CLI."""
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "demo"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "refused overloaded retry_after_s=" in out
+    assert "progress queued" in out
+    assert "send_email ran 1 time(s)" in out
+    assert "answer: code -32053, state=unknown" in out
+    assert "needs_reconciliation (not sent again)" in out
+    assert "--as succeeded → succeeded" in out
+    assert "What Interlock did" in out
