@@ -24,6 +24,7 @@ __all__ = ["BudgetVerdict", "TokenBudget"]
 _BUCKETS = 64
 _MIN_RETRY_AFTER_S = 0.001
 _EPSILON_S = 1e-6
+_SWEEP_EVERY = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,7 @@ class TokenBudget:
         self._granularity_s = settings.window_s / _BUCKETS
         self._clock = clock
         self._spend: dict[str, _Spend] = {}
+        self._records = 0
 
     @property
     def enabled(self) -> bool:
@@ -90,6 +92,11 @@ class TokenBudget:
         if self._limit is None or tokens <= 0:
             return
         now = self._clock()
+        self._records += 1
+        if self._records % _SWEEP_EVERY == 0:
+            # Tenants that spent once and never came back would otherwise stay forever.
+            for name in list(self._spend):
+                self._current(name, now)
         spend = self._current(tenant, now) or self._spend.setdefault(tenant, _Spend(deque()))
         index = int(now // self._granularity_s)
         last = spend.buckets[-1] if spend.buckets else None

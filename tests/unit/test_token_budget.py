@@ -122,3 +122,13 @@ def test_refused_tenant_is_allowed_at_retry_after(steps: list[tuple[float, int]]
         clock.now += verdict.retry_after_s
         assert budget.check("acme").allowed
         break
+
+
+def test_tenants_that_never_return_are_forgotten() -> None:
+    """Memory stays bounded: spends whose window has passed are swept away."""
+    budget, clock = make(1000, window_s=10.0)
+    for i in range(1023):
+        budget.record(f"tenant-{i}", 1)
+    clock.now += 11.0
+    budget.record("last", 1)  # the 1024th record sweeps
+    assert set(budget._spend) == {"last"}
