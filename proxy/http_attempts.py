@@ -144,6 +144,8 @@ async def _attempt(call: HttpCall) -> Opened:
         metrics.retry(call.upstream.name)
         call.release_slot()  # every attempt holds a slot of its own, and waits out a cooldown
         call.slot = await admit(call)
+        if call.before_retry is not None:
+            await call.before_retry()
     remaining = call.deadline - time.monotonic()
     if remaining <= 0:
         raise UpstreamNotReached("the call's deadline passed before the attempt")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import time
 from dataclasses import replace
@@ -40,7 +41,7 @@ from proxy.http_attempts import (
 )
 from proxy.http_context import HttpCall
 from proxy.http_forward import encode_outcome, replay_response
-from proxy.leases import keep_lease
+from proxy.leases import AttemptNotClaimed, Lease, keep_lease, next_attempt
 from proxy.scheduler import AdmissionRefused
 from proxy.state import CONFIG, LEDGER
 
@@ -134,17 +135,38 @@ async def _run_side_effect(call: HttpCall) -> web.StreamResponse:
         return await call.answer(answers.key_mismatch(key, entry.id))
     if claim.kind == "needs_reconciliation":
         return await call.answer(answers.needs_reconciliation(key, entry.id, str(entry.state)))
-    async with keep_lease(store, entry.id, entry.fencing_token, call.app[CONFIG].ledger.lease_s):
-        return await _forward_and_record(call, store, entry.id, entry.fencing_token)
+    lease = Lease(entry.id, entry.fencing_token)
+    call.before_retry = functools.partial(_next_attempt, call, store, lease)
+    async with keep_lease(store, lease, call.app[CONFIG].ledger.lease_s):
+        return await _forward_and_record(call, store, lease)
+
+
+async def _next_attempt(call: HttpCall, store: LedgerStore, lease: Lease) -> None:
+    with telemetry.child_span("interlock.ledger.claim") as span:
+        claim = await next_attempt(store, lease, call.claim_request())
+        span.set_attribute("interlock.attempt", claim.entry.attempt)
+    call.span.set_attribute("interlock.attempt", claim.entry.attempt)
 
 
 async def _forward_and_record(
-    call: HttpCall, store: LedgerStore, entry_id: str, token: int
+    call: HttpCall, store: LedgerStore, lease: Lease
 ) -> web.StreamResponse:
     key = call.key.key if call.key else None
-    ledger = _EntryRecorder(call, store, entry_id, token)
+    entry_id = lease.entry_id
+    ledger = _EntryRecorder(call, store, lease)
     try:
         opened = await forward(call)
+    except AttemptNotClaimed as lost:
+        # The failed attempt was released (it did not run); the next could not be claimed.
+        claim = lost.claim
+        if claim is None:
+            return await call.answer(answers.ledger_unavailable(str(lost), key))
+        state = str(claim.entry.state)
+        if claim.kind == "mismatch":
+            return await call.answer(answers.key_mismatch(key, claim.entry.id))
+        if claim.kind == "needs_reconciliation":
+            return await call.answer(answers.needs_reconciliation(key, claim.entry.id, state))
+        return await call.answer(answers.in_progress(key, claim.entry.id, state))
     except AdmissionRefused as exc:
         await ledger.release(f"retry refused: {exc.refusal.reason}", exc.refusal.retry_after_s)
         return await call.answer(_refusal_answer(call, exc.refusal))
@@ -313,23 +335,30 @@ async def _end(call: HttpCall) -> web.StreamResponse:
 class _EntryRecorder:
     """Writes what became of a running entry; the ledger failing never fails the answer."""
 
-    def __init__(self, call: HttpCall, store: LedgerStore, entry_id: str, token: int) -> None:
-        self._call, self._store, self._id, self._token = call, store, entry_id, token
+    def __init__(self, call: HttpCall, store: LedgerStore, lease: Lease) -> None:
+        self._call, self._store, self._lease = call, store, lease
 
     async def finish(self, outcome: bytes, *, failed: bool = False) -> None:
         state: Literal["succeeded", "failed"] = "failed" if failed else "succeeded"
+        lease = self._lease
         await self._write(
-            state, self._store.finish(self._id, self._token, state=state, outcome=outcome)
+            state, self._store.finish(lease.entry_id, lease.token, state=state, outcome=outcome)
         )
 
     async def unknown(self, reason: str) -> None:
-        await self._write("unknown", self._store.mark_unknown(self._id, self._token, reason=reason))
+        lease = self._lease
+        await self._write(
+            "unknown", self._store.mark_unknown(lease.entry_id, lease.token, reason=reason)
+        )
 
     async def release(self, reason: str, retry_after_s: float | None) -> None:
         await self._write(
             "rejected",
             self._store.release_unsent(
-                self._id, self._token, reason=reason, retry_after_s=retry_after_s
+                self._lease.entry_id,
+                self._lease.token,
+                reason=reason,
+                retry_after_s=retry_after_s,
             ),
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,9 @@ class HttpCall:
     slot: Slot | None = None
     attempts: int = 0
     usage: Usage | None = None
+    before_retry: Callable[[], Awaitable[None]] | None = None
+    """Run before each attempt after the first, once it holds its admission slot (side
+    effects: record the failed attempt and claim the next one in the ledger)."""
 
     @property
     def work_class(self) -> WorkClass:

@@ -53,6 +53,9 @@ class ForwardPlan:
     span: Span
     max_attempts: int | None = None
     """A rule's cap on this call's attempts (None: the upstream's retry settings)."""
+    before_retry: Callable[[], Awaitable[None]] | None = None
+    """Run before each attempt after the first, once it holds its admission slot (side
+    effects: record the failed attempt and claim the next one in the ledger)."""
     attempts: int = 0
 
 
@@ -65,6 +68,8 @@ async def _attempt(plan: ForwardPlan) -> JsonObject:
         plan.slot = await plan.app[SCHEDULER].admit(
             replace(plan.admission, arrived_at=time.monotonic()), on_wait=plan.on_wait
         )
+        if plan.before_retry is not None:
+            await plan.before_retry()
     remaining = plan.deadline - time.monotonic()
     if remaining <= 0:
         raise UpstreamNotReached("the call's deadline passed before the attempt")

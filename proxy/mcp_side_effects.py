@@ -11,6 +11,7 @@ Invariants kept here:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from contextlib import AbstractContextManager
 
@@ -27,7 +28,7 @@ from proxy.errors import (
     UpstreamRefused,
     UpstreamTimeout,
 )
-from proxy.leases import keep_lease
+from proxy.leases import AttemptNotClaimed, Lease, keep_lease, next_attempt
 from proxy.mcp_context import JsonObject, ToolCall
 from proxy.mcp_forwarding import ForwardPlan, forward_with_retries
 from proxy.mcp_outcomes import decode_replay, encode_outcome, outcome_state
@@ -49,35 +50,54 @@ async def run_side_effect(call: ToolCall, plan: ForwardPlan) -> JsonObject:
     early = _answer_claim(call, claim)
     if early is not None:
         return early
-    entry_id, token = claim.entry.id, claim.entry.fencing_token
-    lease_s = call.ctx.app[CONFIG].ledger.lease_s
+    lease = Lease(claim.entry.id, claim.entry.fencing_token)
+    plan.before_retry = functools.partial(_next_attempt, call, store, lease)
+    entry_id = lease.entry_id
     try:
-        async with keep_lease(store, entry_id, token, lease_s):
+        async with keep_lease(store, lease, call.ctx.app[CONFIG].ledger.lease_s):
             response = await _forward_until_client_leaves(call, plan)
+    except AttemptNotClaimed as lost:
+        return _answer_lost_attempt(call, lost)
     except AdmissionRefused as refused:
         r = refused.refusal
-        await _release(call, store, entry_id, token, f"retry refused: {r.reason}", r.retry_after_s)
+        await _release(call, store, lease, f"retry refused: {r.reason}", r.retry_after_s)
         raise
     except (UpstreamNotReached, UpstreamPressure) as exc:
         retry_after = _retry_after(call, exc)
-        await _release(call, store, entry_id, token, f"not executed: {exc}", retry_after)
+        await _release(call, store, lease, f"not executed: {exc}", retry_after)
         raise
     except UpstreamRefused as exc:
         if exc.status >= 500:  # a server error may have happened after the tool acted
-            await _mark_unknown(call, store, entry_id, token, f"upstream HTTP {exc.status}")
+            await _mark_unknown(call, store, lease, f"upstream HTTP {exc.status}")
             return call.answer(answers.outcome_unknown(call.key.key, entry_id, str(exc)))
-        await _release(call, store, entry_id, token, f"not executed: {exc}", None)
+        await _release(call, store, lease, f"not executed: {exc}", None)
         raise
     except UpstreamLost as exc:
         detail = "timed out" if isinstance(exc, UpstreamTimeout) else "connection lost"
-        await _mark_unknown(call, store, entry_id, token, f"{detail}: {exc}")
+        await _mark_unknown(call, store, lease, f"{detail}: {exc}")
         return call.answer(answers.outcome_unknown(call.key.key, entry_id, detail))
     except BaseException:
         # Cancellation (client gone, shutdown) or a bug after write-ahead: the call may have been
         # sent, so the entry must say `unknown`, never stay `running` or become anything else.
-        await _mark_unknown(call, store, entry_id, token, "interrupted after write-ahead")
+        await _mark_unknown(call, store, lease, "interrupted after write-ahead")
         raise
-    return await _record(call, store, entry_id, token, response)
+    return await _record(call, store, lease, response)
+
+
+async def _next_attempt(call: ToolCall, store: LedgerStore, lease: Lease) -> None:
+    with telemetry.child_span("interlock.ledger.claim") as span:
+        claim = await next_attempt(store, lease, call.claim_request())
+        span.set_attribute("interlock.attempt", claim.entry.attempt)
+    call.span.set_attribute("interlock.attempt", claim.entry.attempt)
+
+
+def _answer_lost_attempt(call: ToolCall, lost: AttemptNotClaimed) -> JsonObject:
+    """The previous attempt was released (it did not run); the next could not be claimed."""
+    if lost.claim is not None:
+        answer = _answer_claim(call, lost.claim)
+        if answer is not None:
+            return answer
+    return _fail_closed(call, str(lost))
 
 
 def _finish_span(state: str) -> AbstractContextManager[Span]:
@@ -142,27 +162,20 @@ async def _forward_until_client_leaves(call: ToolCall, plan: ForwardPlan) -> Jso
     raise UpstreamLost("the client disconnected while the call was in flight")
 
 
-async def _mark_unknown(
-    call: ToolCall, store: LedgerStore, entry_id: str, token: int, reason: str
-) -> None:
+async def _mark_unknown(call: ToolCall, store: LedgerStore, lease: Lease, reason: str) -> None:
     call.span.set_attribute("interlock.ledger.state", "unknown")
     try:
         with telemetry.child_span(
             "interlock.ledger.finish", attributes={"interlock.ledger.state": "unknown"}
         ):
-            await asyncio.shield(store.mark_unknown(entry_id, token, reason=reason))
+            await asyncio.shield(store.mark_unknown(lease.entry_id, lease.token, reason=reason))
     except LedgerError as exc:
         # The lease will run out and the sweeper marks the entry unknown: the record stays honest.
         call.span.set_attribute("interlock.ledger.error", str(exc))
 
 
 async def _release(
-    call: ToolCall,
-    store: LedgerStore,
-    entry_id: str,
-    token: int,
-    reason: str,
-    retry_after_s: float | None,
+    call: ToolCall, store: LedgerStore, lease: Lease, reason: str, retry_after_s: float | None
 ) -> None:
     call.span.set_attribute("interlock.ledger.state", "rejected")
     try:
@@ -170,22 +183,22 @@ async def _release(
             "interlock.ledger.finish", attributes={"interlock.ledger.state": "rejected"}
         ):
             await asyncio.shield(
-                store.release_unsent(entry_id, token, reason=reason, retry_after_s=retry_after_s)
+                store.release_unsent(
+                    lease.entry_id, lease.token, reason=reason, retry_after_s=retry_after_s
+                )
             )
     except LedgerError as exc:
         call.span.set_attribute("interlock.ledger.error", str(exc))
 
 
 async def _record(
-    call: ToolCall, store: LedgerStore, entry_id: str, token: int, response: JsonObject
+    call: ToolCall, store: LedgerStore, lease: Lease, response: JsonObject
 ) -> JsonObject:
     result = response.get("result")
     if isinstance(result, dict) and result.get("resultType") == "input_required":
         # The tool asked the user something and has not acted yet: the client re-sends this
         # same call with the answers, and that send must run (as the next attempt), not replay.
-        await _release(
-            call, store, entry_id, token, "input_required: the tool asked for input", None
-        )
+        await _release(call, store, lease, "input_required: the tool asked for input", None)
         return response
     state = outcome_state(response)
     error = response.get("error")
@@ -194,8 +207,8 @@ async def _record(
             "interlock.ledger.finish", attributes={"interlock.ledger.state": state}
         ):
             await store.finish(
-                entry_id,
-                token,
+                lease.entry_id,
+                lease.token,
                 state="failed" if state == "failed" else "succeeded",
                 outcome=encode_outcome(response),
                 error=json.dumps(error)[:2000] if error is not None else None,

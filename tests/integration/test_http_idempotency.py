@@ -306,3 +306,18 @@ async def test_body_without_a_canonical_form_is_refused_unsent(
     assert response.status == 400
     assert body["error"]["reason"] == "invalid_arguments"
     assert provider.count() == 0
+
+
+async def test_a_retry_after_429_is_the_next_ledger_attempt(
+    proxy: RunningProxy, provider: FakeProvider
+) -> None:
+    """A background POST that met a 429 waits the cooldown out and is retried as attempt 2 of
+    the same entry; the upstream executed it once."""
+    provider.script("429:retry-after:1")
+    status, _, _ = await post(proxy, {"n": 1}, "k-bg", headers={"X-Interlock-Class": "background"})
+    assert status == 201
+    entry = await settled(proxy, "k-bg", "succeeded")
+    assert (entry.state, entry.attempt) == ("succeeded", 2)
+    _, history = await proxy.store.get("k-bg")
+    assert [str(h.to_state) for h in history] == ["running", "rejected", "running", "succeeded"]
+    assert provider.executions["k-bg"] == 1

@@ -356,3 +356,25 @@ async def test_arguments_without_a_canonical_form_are_invalid_params_in_a_batch_
     assert by_id[2]["error"]["code"] == -32602
     assert by_id[2]["error"]["data"]["reason"] == "invalid_arguments"
     assert fresh.stats()["emails_total"] == 1
+
+
+async def test_a_retry_after_429_is_the_next_ledger_attempt(fresh: RunningUpstream, tmp_path: Path):
+    """A side-effecting call that met a 429 (certainly not executed) and waited the cooldown out
+    is retried as attempt 2 of the same entry: the history shows the released attempt 1."""
+    async with running_proxy(config(fresh), tmp_path) as proxy:
+        url = proxy.mcp_url("up")
+        fresh.control(reject_next=1, status=429, retry_after="1", methods=["tools/call"])
+        result = await call(
+            url, "send_email", {"to": "w@x", "subject": "s"}, key="k-429", cls="background"
+        )
+        entry, history = await proxy.store.get("k-429")
+    assert not result.is_error
+    assert (str(entry.state), entry.attempt) == ("succeeded", 2)
+    moves = [(str(h.from_state), str(h.to_state)) for h in history]
+    assert moves == [
+        ("None", "running"),
+        ("running", "rejected"),
+        ("rejected", "running"),
+        ("running", "succeeded"),
+    ]
+    assert fresh.stats()["emails_by_key"] == {"k-429": 1}
