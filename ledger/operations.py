@@ -29,7 +29,7 @@ from ledger.batch import (
     stored_outcome,
 )
 from ledger.errors import EntryNotFound, IllegalTransition, StaleToken
-from ledger.states import NEEDS_RECONCILIATION, TERMINAL, EntryState, check_transition
+from ledger.states import NEEDS_RECONCILIATION, TERMINAL, EntryState
 from ledger.views import ClaimRequest, ClaimResult, EntryView
 
 __all__ = [
@@ -41,8 +41,6 @@ __all__ = [
     "RecordRejection",
     "ReleaseUnsent",
     "Renew",
-    "Resolve",
-    "Sweep",
 ]
 
 T_co = TypeVar("T_co", covariant=True)
@@ -347,96 +345,3 @@ class RecordRejection:
             evidence=evidence,
         )
         return row.view()
-
-
-@dataclass(frozen=True, slots=True)
-class Resolve:
-    """An operator's reconciliation: succeeded, failed, or retry (a new attempt, same key).
-
-    A retry of an entry that has already used `max_attempts` attempts blocks it instead (from
-    unknown or failed); a blocked entry is retried only with a larger `max_attempts`.
-    """
-
-    entry_id: str
-    as_: Literal["succeeded", "failed", "retry"]
-    note: str | None
-    actor: str
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-
-    def declare(self, needs: Needs) -> None:
-        needs.ids.add(self.entry_id)
-
-    def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView:
-        row = _get(ws, self.entry_id)
-        before = _S(row.state)
-        evidence: dict[str, object] = {"note": self.note, "attempt": row.attempt}
-        if self.as_ == "retry":
-            target = self._retry_target(row, before)
-            evidence |= {
-                "max_attempts": self.max_attempts,
-                "previous_error": row.error,
-                "previous_outcome_sha256": row.outcome_hash,
-            }
-        else:
-            target = _S(self.as_)
-            if before not in NEEDS_RECONCILIATION:
-                raise IllegalTransition(
-                    row.id,
-                    before,
-                    target,
-                    "only unknown or blocked entries are resolved as succeeded or failed",
-                )
-            check_transition(row.id, before, target)
-        row.state = target
-        row.note = self.note
-        row.fencing_token += 1
-        row.lease_expires_at = None
-        if target is _S.ACCEPTED:
-            row.owner = None  # waits for the caller's next send (see Claim)
-        if target in TERMINAL:
-            row.finished_at = ctx.now
-        ws.touch(row, ctx.now)
-        ws.record(
-            row,
-            before,
-            at=ctx.now,
-            actor=self.actor,
-            reason=f"resolved_{self.as_}",
-            evidence=evidence,
-        )
-        return row.view()
-
-    def _retry_target(self, row: EntryRow, before: EntryState) -> EntryState:
-        if before not in (_S.UNKNOWN, _S.FAILED, _S.BLOCKED):
-            raise IllegalTransition(
-                row.id, before, _S.ACCEPTED, "only unknown, failed or blocked entries are retried"
-            )
-        if row.attempt < self.max_attempts:
-            return _S.ACCEPTED
-        if before is _S.BLOCKED:
-            raise IllegalTransition(
-                row.id,
-                before,
-                _S.ACCEPTED,
-                f"retry budget spent ({row.attempt} of {self.max_attempts} attempts); "
-                "resolve as succeeded or failed, or allow more attempts",
-            )
-        return _S.BLOCKED
-
-
-@dataclass(frozen=True, slots=True)
-class Sweep:
-    """Turn running entries whose lease expired into unknown, bumping their fencing token."""
-
-    limit: int = 500
-
-    def declare(self, needs: Needs) -> None:
-        needs.sweep_limit = max(needs.sweep_limit, self.limit)
-
-    def apply(self, ws: WorkingSet, ctx: OpContext) -> int:
-        swept = 0
-        for entry_id in ws.expired[: self.limit]:
-            # skipped when an earlier operation of this batch renewed or finished it
-            if _expire_if_lapsed(ws, ws.rows[entry_id], ctx, actor=f"sweeper:{ctx.owner}"):
-                swept += 1
-        return swept

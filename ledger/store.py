@@ -27,9 +27,8 @@ from ledger.operations import (
     RecordRejection,
     ReleaseUnsent,
     Renew,
-    Resolve,
-    Sweep,
 )
+from ledger.reconcile_ops import Resolve, Sweep
 from ledger.states import EntryState
 from ledger.views import ClaimRequest, ClaimResult, EntryView, TransitionView
 from ledger.writer import GroupCommitWriter, WriterStats

@@ -24,9 +24,8 @@ from ledger.operations import (
     RecordRejection,
     ReleaseUnsent,
     Renew,
-    Resolve,
-    Sweep,
 )
+from ledger.reconcile_ops import Resolve, Sweep
 from ledger.states import NEEDS_RECONCILIATION, TERMINAL, check_transition, is_legal
 from tests.ledger_fixtures import FakeClock, claim_request
 
