@@ -83,8 +83,11 @@ async def admit(call: HttpCall) -> Slot:
             span.set_attributes(_refusal_attributes(refusal))
             call.span.set_attributes(_refusal_attributes(refusal))
             metrics.refusal(refusal.reason, refusal.scope, call.upstream.name)
+            metrics.admission("rejected", call.upstream.name, refusal.reason)
             raise
         decision = "queued" if slot.decision == "queued_then_admitted" else "admitted"
+        metrics.admission(decision, call.upstream.name)
+        metrics.queue_wait(call.upstream.name, slot.queue_wait_s)
         attributes: dict[str, Any] = {
             "interlock.admission.decision": "observed" if slot.would_reject else decision,
             "interlock.queue.wait_s": slot.queue_wait_s,

@@ -116,6 +116,7 @@ async def _run_side_effect(call: HttpCall) -> web.StreamResponse:
         return await call.answer(answers.ledger_unavailable(str(exc), key))
     entry = claim.entry
     outcome = "replayed" if claim.kind == "replay" else claim.kind
+    metrics.idempotency_outcome(outcome, call.upstream.name)
     call.span.set_attributes(
         {
             "interlock.idempotency.outcome": outcome,

@@ -162,6 +162,8 @@ async def _admit(call: ToolCall, request: AdmissionRequest, on_wait: OnWait | No
         slot = await call.ctx.app[SCHEDULER].admit(request, on_wait=on_wait)
         queue_span.set_attribute("interlock.queue.wait_s", slot.queue_wait_s)
     decision = "queued" if slot.decision == "queued_then_admitted" else "admitted"
+    metrics.admission(decision, call.ctx.upstream.name)
+    metrics.queue_wait(call.ctx.upstream.name, slot.queue_wait_s)
     call.span.set_attribute("interlock.admission.decision", decision)
     call.span.set_attribute("interlock.queue.wait_s", slot.queue_wait_s)
     if slot.would_reject is not None:
@@ -181,6 +183,7 @@ async def _refused(call: ToolCall, refused: AdmissionRefused, *, record: bool) -
     if refusal.reason == "cooldown":
         call.span.set_attribute("interlock.cooldown_s", refusal.retry_after_s)
     metrics.refusal(refusal.reason, refusal.scope, upstream)
+    metrics.admission("rejected", upstream, refusal.reason)
     entry_id = None
     store = call.ctx.app[LEDGER].store
     if record and call.policy.side_effect and store is not None:
@@ -275,5 +278,6 @@ def _plan(
         deadline=call.deadline,
         on_wait=on_wait,
         span=call.span,
+        admitted_at=time.monotonic(),
         max_attempts=retry_cap(call.policy),
     )

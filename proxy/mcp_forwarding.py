@@ -51,6 +51,8 @@ class ForwardPlan:
     deadline: float
     on_wait: Callable[[str], Awaitable[None]] | None
     span: Span
+    admitted_at: float = 0.0
+    """When the current slot was granted (monotonic): admission-to-answer is measured from it."""
     max_attempts: int | None = None
     """A rule's cap on this call's attempts (None: the upstream's retry settings)."""
     before_retry: Callable[[], Awaitable[None]] | None = None
@@ -68,6 +70,7 @@ async def _attempt(plan: ForwardPlan) -> JsonObject:
         plan.slot = await plan.app[SCHEDULER].admit(
             replace(plan.admission, arrived_at=time.monotonic()), on_wait=plan.on_wait
         )
+        plan.admitted_at = time.monotonic()
         if plan.before_retry is not None:
             await plan.before_retry()
     remaining = plan.deadline - time.monotonic()
@@ -87,12 +90,15 @@ async def _attempt(plan: ForwardPlan) -> JsonObject:
     ) as span:
         telemetry.inject_meta(plan.request["params"]["_meta"])
         try:
-            return await plan.send_upstream(plan.request, timeout)
+            response = await plan.send_upstream(plan.request, timeout)
         except UpstreamError as exc:
             span.set_attribute("error.type", type(exc).__name__)
             if isinstance(exc, UpstreamPressure):
                 start_cooldown(plan.app, plan.upstream.name, exc, plan.span)
             raise
+    # MCP answers arrive whole (JSON, or the final SSE event): admission to the answer.
+    metrics.first_byte(plan.upstream.name, time.monotonic() - plan.admitted_at)
+    return response
 
 
 async def forward_with_retries(plan: ForwardPlan) -> JsonObject:

@@ -19,7 +19,7 @@ from opentelemetry.trace import Span
 
 from ledger import ClaimResult, LedgerError, LedgerStore, LedgerUnavailable, StaleToken
 from policies import answers
-from proxy import telemetry
+from proxy import metrics, telemetry
 from proxy.errors import (
     UpstreamError,
     UpstreamLost,
@@ -117,6 +117,7 @@ async def _claim(call: ToolCall, store: LedgerStore) -> ClaimResult:
         result = await store.claim(call.claim_request())
         span.set_attribute("interlock.idempotency.outcome", result.kind)
     outcome = "replayed" if result.kind == "replay" else result.kind
+    metrics.idempotency_outcome(outcome, call.ctx.upstream.name)
     call.span.set_attribute("interlock.idempotency.outcome", outcome)
     call.span.set_attribute("interlock.ledger.entry_id", result.entry.id)
     call.span.set_attribute("interlock.ledger.state", str(result.entry.state))

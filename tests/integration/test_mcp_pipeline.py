@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.state import LEDGER
 from tests.integration.mcp_proxy_harness import RawMcp
@@ -378,3 +379,34 @@ async def test_a_retry_after_429_is_the_next_ledger_attempt(fresh: RunningUpstre
         ("running", "succeeded"),
     ]
     assert fresh.stats()["emails_by_key"] == {"k-429": 1}
+
+
+async def test_metrics_count_admissions_outcomes_and_first_byte(
+    fresh: RunningUpstream, tmp_path: Path
+):
+    """/metrics shows the admissions, the idempotency outcomes (new, replayed) and the
+    admission-to-answer histogram of the MCP calls that were driven."""
+    async with running_proxy(config(fresh), tmp_path) as proxy:
+        url = proxy.mcp_url("up")
+        args = {"to": "m@x", "subject": "metrics"}
+        await call(url, "send_email", args, key="k-metrics")
+        await call(url, "send_email", args, key="k-metrics")
+        async with aiohttp.ClientSession() as http, http.get(f"{proxy.base}/metrics") as answer:
+            text = await answer.text()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+    def value(name: str, **labels: str) -> float:
+        return sum(
+            v
+            for (n, ls), v in samples.items()
+            if n == name and all((k, w) in ls for k, w in labels.items())
+        )
+
+    assert value("interlock_admission_decisions_total", decision="admitted", upstream="up") == 2
+    assert value("interlock_idempotency_outcomes_total", outcome="new", upstream="up") == 1
+    assert value("interlock_idempotency_outcomes_total", outcome="replayed", upstream="up") == 1
+    assert value("interlock_admission_to_first_byte_seconds_count", upstream="up") == 1
