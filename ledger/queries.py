@@ -236,6 +236,13 @@ async def count_by_state(conn: AsyncConnection) -> dict[str, int]:
     return {str(state): int(n) for state, n in await conn.execute(stmt)}
 
 
+async def oldest_change(conn: AsyncConnection, state: str) -> datetime | None:
+    """When the entry in `state` that changed least recently last changed (None: no such entry)."""
+    stmt = sa.select(sa.func.min(ENTRIES.c.updated_at)).where(ENTRIES.c.state == state)
+    value = (await conn.execute(stmt)).scalar()
+    return value if isinstance(value, datetime) else None
+
+
 async def purge(conn: AsyncConnection, *, before: datetime) -> int:
     """Delete closed entries (succeeded, failed, rejected) last changed before `before`.
 

@@ -299,6 +299,11 @@ class LedgerStore:
             counts = await queries.count_by_state(conn)
         return {state.value: counts.get(state.value, 0) for state in EntryState}
 
+    async def oldest_in_state(self, state: EntryState | str) -> datetime | None:
+        """When the longest-waiting entry in `state` entered it (e.g. the oldest `unknown`)."""
+        async with self._reading("stats") as conn:
+            return await queries.oldest_change(conn, EntryState(state).value)
+
     # -- plumbing ---------------------------------------------------------------------------
 
     def _context(self) -> OpContext:

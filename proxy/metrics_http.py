@@ -32,7 +32,6 @@ __all__ = ["METRICS", "MetricsState", "setup_metrics"]
 log = logging.getLogger("interlock.metrics")
 
 _LEDGER_READ_TIMEOUT_S = 2.0
-_UNKNOWN_SCAN_LIMIT = 1000
 
 
 @dataclass
@@ -126,9 +125,8 @@ def _stale(state: MetricsState) -> bool:
 
 async def _oldest_unknown(store: Any) -> datetime | None:
     """When the longest-waiting `unknown` entry became unknown (its last transition)."""
-    entries = await store.list_entries(state="unknown", limit=_UNKNOWN_SCAN_LIMIT)
-    stamps = [_aware(e.updated_at) for e in entries if getattr(e, "updated_at", None)]
-    return min(stamps) if stamps else None
+    oldest: datetime | None = await store.oldest_in_state("unknown")
+    return None if oldest is None else _aware(oldest)
 
 
 def _aware(stamp: datetime) -> datetime:

@@ -186,6 +186,20 @@ async def test_a_lapsed_lease_is_unknown_even_before_the_sweeper_runs(
     assert await store.sweep_expired() == 0
 
 
+async def test_oldest_in_state_is_when_the_longest_waiting_entry_got_there(
+    store: LedgerStore, clock: FakeClock
+) -> None:
+    """The age of the oldest `unknown` entry comes from the database, however many there are."""
+    assert await store.oldest_in_state("unknown") is None
+    first = await store.claim(claim_request("first"))
+    await store.mark_unknown(first.entry.id, 1, reason="timeout")
+    marked_at = clock()
+    clock.advance(30)
+    second = await store.claim(claim_request("second"))
+    await store.mark_unknown(second.entry.id, 1, reason="timeout")
+    assert await store.oldest_in_state("unknown") == marked_at
+
+
 async def test_finish_twice_is_an_illegal_transition(store: LedgerStore) -> None:
     """The owner cannot finish an entry that is already finished."""
     claimed = await store.claim(claim_request("k"))
