@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import getpass
 import json
 import os
 import re
 import socket
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -123,14 +124,19 @@ def _complain(message: str) -> None:
     print(f"interlock ledger: {message}", file=sys.stderr)
 
 
-async def _open(settings: LedgerSettings) -> LedgerStore:
+@contextlib.asynccontextmanager
+async def _opened(settings: LedgerSettings) -> AsyncIterator[LedgerStore]:
+    """The ledger, never migrated or created by a read or an operator command; closed after."""
     owner = f"cli:{socket.gethostname()}:{os.getpid()}"
-    return await LedgerStore.open(settings, owner=owner, migrate=False)
+    store = await LedgerStore.open(settings, owner=owner, migrate=False)
+    try:
+        yield store
+    finally:
+        await store.close()
 
 
 async def _cmd_list(args: argparse.Namespace, settings: LedgerSettings, out: Console) -> int:
-    store = await _open(settings)
-    try:
+    async with _opened(settings) as store:
         entries = await store.list_entries(
             state=[s for group in args.state for s in group] or None,
             upstream=args.upstream,
@@ -138,8 +144,6 @@ async def _cmd_list(args: argparse.Namespace, settings: LedgerSettings, out: Con
             since=args.since,
             limit=args.limit,
         )
-    finally:
-        await store.close()
     if args.json:
         _print_json([entry_json(e) for e in entries])
         return EXIT_OK
@@ -162,11 +166,8 @@ async def _cmd_list(args: argparse.Namespace, settings: LedgerSettings, out: Con
 
 
 async def _cmd_show(args: argparse.Namespace, settings: LedgerSettings, out: Console) -> int:
-    store = await _open(settings)
-    try:
+    async with _opened(settings) as store:
         entry, history = await store.get(args.reference)
-    finally:
-        await store.close()
     if args.json:
         _print_json(entry_json(entry) | {"history": [transition_json(t) for t in history]})
         return EXIT_OK
@@ -176,8 +177,7 @@ async def _cmd_show(args: argparse.Namespace, settings: LedgerSettings, out: Con
 
 
 async def _cmd_resolve(args: argparse.Namespace, settings: LedgerSettings, out: Console) -> int:
-    store = await _open(settings)
-    try:
+    async with _opened(settings) as store:
         entry = await store.resolve(
             args.reference,
             as_=args.as_,
@@ -185,8 +185,6 @@ async def _cmd_resolve(args: argparse.Namespace, settings: LedgerSettings, out: 
             actor=args.actor or _operator(),
             max_attempts=args.max_attempts,
         )
-    finally:
-        await store.close()
     if args.json:
         _print_json(entry_json(entry))
         return EXIT_OK
@@ -199,11 +197,8 @@ async def _cmd_resolve(args: argparse.Namespace, settings: LedgerSettings, out: 
 
 
 async def _cmd_stats(args: argparse.Namespace, settings: LedgerSettings, out: Console) -> int:
-    store = await _open(settings)
-    try:
+    async with _opened(settings) as store:
         counts = await store.stats()
-    finally:
-        await store.close()
     if args.json:
         rows = [{"state": s, "upstream": u, "count": n} for (s, u), n in sorted(counts.items())]
         _print_json(rows)
@@ -231,11 +226,8 @@ async def _cmd_migrate(args: argparse.Namespace, settings: LedgerSettings, out: 
 
 
 async def _cmd_purge(args: argparse.Namespace, settings: LedgerSettings, out: Console) -> int:
-    store = await _open(settings)
-    try:
+    async with _opened(settings) as store:
         purged = await store.purge(older_than=args.older_than)
-    finally:
-        await store.close()
     if args.json:
         _print_json({"purged": purged})
     else:
@@ -244,11 +236,8 @@ async def _cmd_purge(args: argparse.Namespace, settings: LedgerSettings, out: Co
 
 
 async def _cmd_sweep(args: argparse.Namespace, settings: LedgerSettings, out: Console) -> int:
-    store = await _open(settings)
-    try:
+    async with _opened(settings) as store:
         swept = await store.sweep_expired()
-    finally:
-        await store.close()
     if args.json:
         _print_json({"swept": swept})
     else:
