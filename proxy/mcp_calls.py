@@ -75,20 +75,21 @@ async def handle_tools_call(
         await learn_annotations(ctx.app, ctx.upstream)
         annotations = tool_annotations(ctx.app, ctx.upstream.name, tool)
         policy = classify_tool(config, ctx.upstream.name, tool, annotations)
-    try:
-        key = decide_key(
-            policy.key,
-            explicit=attrs.idempotency_key,
-            tenant=attrs.tenant,
-            upstream=ctx.upstream.name,
-            tool=tool,
-            arguments=arguments,
-            run_id=attrs.run_id,
-        )
-    except (TypeError, ValueError) as exc:  # NaN, keys equal after NFC: no canonical form
-        return _invalid_params(
-            request, "invalid_arguments", f"arguments have no canonical form: {exc}"
-        )
+    key = None
+    if policy.side_effect:  # only a side effect is ledgered, so only it needs a key
+        try:
+            key = decide_key(
+                policy.key,
+                explicit=attrs.idempotency_key,
+                tenant=attrs.tenant,
+                upstream=ctx.upstream.name,
+                tool=tool,
+                arguments=arguments,
+                run_id=attrs.run_id,
+            )
+        except (TypeError, ValueError) as exc:  # NaN, keys equal after NFC: no canonical form
+            reason = f"arguments have no canonical form: {exc}"
+            return _invalid_params(request, "invalid_arguments", reason)
     started = time.monotonic()
     span_attrs = {
         "mcp.method.name": "tools/call",
@@ -101,8 +102,10 @@ async def handle_tools_call(
         "interlock.tenant": attrs.tenant,
         "interlock.class": policy.work_class or attrs.work_class,
         "interlock.side_effect": policy.side_effect,
-        "interlock.idempotency.key_hash": telemetry.hash_key(key.key),
-        "interlock.idempotency.key_source": key.source,
+        "interlock.idempotency.key_hash": telemetry.hash_key(
+            key.key if key else attrs.idempotency_key
+        ),
+        "interlock.idempotency.key_source": key.source if key else None,
     }
     with _server_span(tool, span_attrs, ctx, meta) as span:
         deadline = started + attrs.deadline_s
@@ -204,7 +207,7 @@ async def _refused(call: ToolCall, refused: AdmissionRefused, *, record: bool) -
         refusal.reason,
         refusal.scope,
         refusal.retry_after_s,
-        idempotency_key=call.key.key,
+        idempotency_key=call.idempotency_key,
         entry_id=entry_id,
         upstream_down=refusal.reason == "cooldown" and refusal.retry_after_s > 0,
     )
@@ -223,7 +226,7 @@ def _upstream_answer(call: ToolCall, exc: UpstreamNotReached | UpstreamPressure)
             reason,
             f"upstream:{upstream}",
             max(remaining, 1.0),
-            idempotency_key=call.key.key,
+            idempotency_key=call.idempotency_key,
             upstream_down=True,
         )
     )

@@ -56,13 +56,19 @@ class ToolCall:
     meta: JsonObject
     attrs: RequestAttributes
     policy: Classification
-    key: KeyDecision
+    key: KeyDecision | None
+    """The idempotency key decision; made for side-effecting calls only (they are ledgered)."""
     deadline: float
     span: Span
 
     @property
     def request_id(self) -> Any:
         return self.request.get("id")
+
+    @property
+    def idempotency_key(self) -> str | None:
+        """The key answers name: the decided one, else the one the caller sent (if any)."""
+        return self.key.key if self.key is not None else self.attrs.idempotency_key
 
     @property
     def work_class(self) -> WorkClass:
@@ -78,6 +84,8 @@ class ToolCall:
         return answer.jsonrpc_error(self.request_id)
 
     def claim_request(self) -> ClaimRequest:
+        """The ledger's view of this call. Only side-effecting calls (which have a key) claim."""
+        assert self.key is not None, "a read-only call is never ledgered"
         arguments = json.dumps(self.arguments, ensure_ascii=False, default=str)
         return ClaimRequest(
             tenant=self.attrs.tenant,

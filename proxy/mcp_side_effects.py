@@ -69,13 +69,13 @@ async def run_side_effect(call: ToolCall, plan: ForwardPlan) -> JsonObject:
     except UpstreamRefused as exc:
         if exc.status >= 500:  # a server error may have happened after the tool acted
             await _mark_unknown(call, store, lease, f"upstream HTTP {exc.status}")
-            return call.answer(answers.outcome_unknown(call.key.key, entry_id, str(exc)))
+            return call.answer(answers.outcome_unknown(call.idempotency_key, entry_id, str(exc)))
         await _release(call, store, lease, f"not executed: {exc}", None)
         raise
     except UpstreamLost as exc:
         detail = "timed out" if isinstance(exc, UpstreamTimeout) else "connection lost"
         await _mark_unknown(call, store, lease, f"{detail}: {exc}")
-        return call.answer(answers.outcome_unknown(call.key.key, entry_id, detail))
+        return call.answer(answers.outcome_unknown(call.idempotency_key, entry_id, detail))
     except BaseException:
         # Cancellation (client gone, shutdown) or a bug after write-ahead: the call may have been
         # sent, so the entry must say `unknown`, never stay `running` or become anything else.
@@ -132,11 +132,11 @@ def _answer_claim(call: ToolCall, result: ClaimResult) -> JsonObject | None:
     if result.kind == "replay":
         return decode_replay(entry, call.request_id, modern=call.ctx.modern)
     if result.kind == "in_progress":
-        return call.answer(answers.in_progress(call.key.key, entry.id, state))
+        return call.answer(answers.in_progress(call.idempotency_key, entry.id, state))
     if result.kind == "mismatch":
-        return call.answer(answers.key_mismatch(call.key.key, entry.id))
+        return call.answer(answers.key_mismatch(call.idempotency_key, entry.id))
     if result.kind == "needs_reconciliation":
-        return call.answer(answers.needs_reconciliation(call.key.key, entry.id, state))
+        return call.answer(answers.needs_reconciliation(call.idempotency_key, entry.id, state))
     return None
 
 
@@ -226,4 +226,4 @@ async def _record(
 
 def _fail_closed(call: ToolCall, detail: str) -> JsonObject:
     call.span.set_attribute("interlock.ledger.state", "unavailable")
-    return call.answer(answers.ledger_unavailable(detail, call.key.key))
+    return call.answer(answers.ledger_unavailable(detail, call.idempotency_key))
