@@ -124,19 +124,18 @@ def call_span(
     An exception leaving the block sets `error.type` (its class name) and an error status.
     """
     parent = _incoming_context(headers, meta)
-    with _tracer.start_as_current_span(
-        name,
-        context=parent,
-        kind=SpanKind.SERVER,
-        attributes=_clean(attributes),
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        try:
-            yield span
-        except BaseException as exc:
-            mark_error(span, type(exc).__qualname__)
-            raise
+    with (
+        _tracer.start_as_current_span(
+            name,
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=_clean(attributes),
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span,
+        _errors_marked(span),
+    ):
+        yield span
 
 
 @contextmanager
@@ -156,18 +155,27 @@ def child_span(
     if not parent.is_recording():
         yield parent
         return
-    with _tracer.start_as_current_span(
-        name,
-        kind=kind,
-        attributes=_clean(attributes),
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        try:
-            yield span
-        except BaseException as exc:
-            mark_error(span, type(exc).__qualname__)
-            raise
+    with (
+        _tracer.start_as_current_span(
+            name,
+            kind=kind,
+            attributes=_clean(attributes),
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span,
+        _errors_marked(span),
+    ):
+        yield span
+
+
+@contextmanager
+def _errors_marked(span: Span) -> Iterator[None]:
+    """An exception leaving the block sets the span's `error.type` and ERROR status."""
+    try:
+        yield
+    except BaseException as exc:
+        mark_error(span, type(exc).__qualname__)
+        raise
 
 
 def current_span() -> Span:
