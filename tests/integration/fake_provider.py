@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+import pytest
 from aiohttp import web
 
 __all__ = [
@@ -420,3 +421,10 @@ async def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> 
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"condition not met within {timeout_s} s")
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[FakeProvider]:
+    """A fake provider per test (bind in a module: `provider = fake_provider.provider`)."""
+    async with running_provider() as running:
+        yield running

@@ -27,6 +27,7 @@ from proxy.app import create_app
 from proxy.mcp_sse import SseParser
 from proxy.mcp_state import MCP_TRANSPORT, McpTransport
 from tests.integration.mcp_servers import REPO_ROOT, stdio_command
+from tests.integration.proxy_harness import serving
 
 __all__ = [
     "ENVELOPE",
@@ -117,15 +118,8 @@ async def running_proxy(
     app = create_app(build_config(upstreams, folder, read_only=read_only, **values))
     if stdio_idle_s is not None:
         app[MCP_TRANSPORT].stdio.idle_s = stdio_idle_s
-    runner = web.AppRunner(app, shutdown_timeout=2.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield RunningProxy(app=app, port=port)
-    finally:
-        await runner.cleanup()
+    async with serving(app) as base:
+        yield RunningProxy(app=app, port=int(base.rsplit(":", 1)[1]))
 
 
 MODERN = "2026-07-28"

@@ -15,10 +15,11 @@ import asyncio
 import gzip
 import time
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -26,6 +27,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from policies.model import TelemetrySettings
+from proxy.otel_setup import TelemetryHandle, configure_telemetry
 
 __all__ = ["OtlpReceiver", "ReceivedSpan", "SpanNode"]
 
@@ -245,3 +249,19 @@ class OtlpReceiver:
         for root in self.tree(trace_id):
             walk(root, "", True, True)
         return "\n".join(lines)
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[OtlpReceiver]:
+    """A receiver per test. Bind it in a test module with `receiver = otlp_receiver.receiver`."""
+    async with OtlpReceiver() as running:
+        yield running
+
+
+@pytest.fixture
+async def traced(receiver: OtlpReceiver) -> AsyncIterator[TelemetryHandle]:
+    """The proxy's telemetry, exporting every 20 ms to the test's receiver."""
+    settings = TelemetrySettings(service_name="interlock", otlp_endpoint=receiver.endpoint)
+    handle = configure_telemetry(settings, enabled=True, set_global=False, schedule_delay_s=0.02)
+    yield handle
+    await asyncio.to_thread(handle.shutdown)

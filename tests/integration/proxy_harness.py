@@ -17,7 +17,7 @@ from policies.model import Config
 from proxy.app import create_app
 from proxy.state import LEDGER, SCHEDULER
 
-__all__ = ["RunningProxy", "running_proxy"]
+__all__ = ["RunningProxy", "running_proxy", "serving"]
 
 
 @dataclass
@@ -41,18 +41,25 @@ class RunningProxy:
 
 
 @contextlib.asynccontextmanager
-async def running_proxy(config_text: str, folder: Path) -> AsyncIterator[RunningProxy]:
-    """Start the proxy on a free loopback port; the ledger (if relative) lives in `folder`."""
-    config = parse_config_text(
-        textwrap.dedent(config_text), str(folder / "interlock.yaml"), environ={}, base_dir=folder
-    )
-    app = create_app(config)
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    """Serve `app` on a free loopback port until the block ends; yields its base URL."""
     runner = web.AppRunner(app, shutdown_timeout=2)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     host, port = runner.addresses[0][:2]
     try:
-        yield RunningProxy(app=app, base=f"http://{host}:{port}", config=config)
+        yield f"http://{host}:{port}"
     finally:
         await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def running_proxy(config_text: str, folder: Path) -> AsyncIterator[RunningProxy]:
+    """Start the proxy on a free loopback port; the ledger (if relative) lives in `folder`."""
+    config = parse_config_text(
+        textwrap.dedent(config_text), str(folder / "interlock.yaml"), environ={}, base_dir=folder
+    )
+    app = create_app(config)
+    async with serving(app) as base:
+        yield RunningProxy(app=app, base=base, config=config)

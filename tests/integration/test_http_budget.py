@@ -10,17 +10,15 @@ import openai
 import pytest
 
 from proxy.http_calls import TOKEN_BUDGET
-from tests.integration.fake_provider import FakeProvider, running_provider
+from tests.integration import fake_provider
+from tests.integration.fake_provider import FakeProvider
 from tests.integration.proxy_harness import RunningProxy, running_proxy
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 MESSAGE = {"model": "c", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
 
 
-@pytest.fixture
-async def provider() -> AsyncIterator[FakeProvider]:
-    async with running_provider() as running:
-        yield running
+provider = fake_provider.provider
 
 
 @pytest.fixture

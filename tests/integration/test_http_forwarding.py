@@ -15,7 +15,8 @@ import openai
 import pytest
 from yarl import URL
 
-from tests.integration.fake_provider import FakeProvider, running_provider
+from tests.integration import fake_provider
+from tests.integration.fake_provider import FakeProvider
 from tests.integration.proxy_harness import RunningProxy, running_proxy
 
 SECRET = "sk-real-secret-from-config"
@@ -47,10 +48,7 @@ def config(provider: FakeProvider, extra: str = "", upstream_extra: str = "") ->
         """
 
 
-@pytest.fixture
-async def provider() -> AsyncIterator[FakeProvider]:
-    async with running_provider() as running:
-        yield running
+provider = fake_provider.provider
 
 
 @pytest.fixture

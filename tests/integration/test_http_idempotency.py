@@ -13,7 +13,8 @@ import openai
 import pytest
 
 from tests import ledger_fixtures
-from tests.integration.fake_provider import FakeProvider, running_provider, wait_until
+from tests.integration import fake_provider
+from tests.integration.fake_provider import FakeProvider, wait_until
 from tests.integration.proxy_harness import RunningProxy, running_proxy
 
 ledger_backend = ledger_fixtures.ledger_backend
@@ -48,10 +49,7 @@ def config(provider: FakeProvider, ledger: str, extra: str = "") -> str:
         """
 
 
-@pytest.fixture
-async def provider() -> AsyncIterator[FakeProvider]:
-    async with running_provider() as running:
-        yield running
+provider = fake_provider.provider
 
 
 @pytest.fixture

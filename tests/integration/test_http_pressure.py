@@ -12,10 +12,10 @@ import aiohttp
 import openai
 import pytest
 
+from tests.integration import fake_provider
 from tests.integration.fake_provider import (
     Behaviour,
     FakeProvider,
-    running_provider,
     wait_until,
 )
 from tests.integration.proxy_harness import RunningProxy, running_proxy
@@ -36,10 +36,7 @@ def config(provider: FakeProvider, upstream_extra: str = "") -> str:
         """
 
 
-@pytest.fixture
-async def provider() -> AsyncIterator[FakeProvider]:
-    async with running_provider() as running:
-        yield running
+provider = fake_provider.provider
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
 
 import pytest
 from opentelemetry.trace import SpanKind
@@ -14,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from policies.model import TelemetrySettings
 from proxy import telemetry
 from proxy.otel_setup import TelemetryHandle, configure_telemetry
+from tests.integration import otlp_receiver
 from tests.integration.otlp_receiver import OtlpReceiver
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -21,10 +21,7 @@ CALLER_SPAN = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
 
 
-@pytest.fixture
-async def receiver() -> AsyncIterator[OtlpReceiver]:
-    async with OtlpReceiver() as r:
-        yield r
+receiver = otlp_receiver.receiver
 
 
 def start(endpoint: str, *, queue: int = 2048, timeout_s: float = 5.0) -> TelemetryHandle:

@@ -6,42 +6,29 @@ real aiohttp server); spans exported by the proxy's SDK to `OtlpReceiver`.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from aiohttp import ClientSession
 
-from policies.model import TelemetrySettings
-from proxy.otel_setup import TelemetryHandle, configure_telemetry
+from proxy.otel_setup import TelemetryHandle
 from proxy.telemetry import hash_key
-from tests.integration.fake_provider import FakeProvider, running_provider
+from tests.integration import fake_provider, otlp_receiver
+from tests.integration.fake_provider import FakeProvider
 from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan, SpanNode
 from tests.integration.proxy_harness import running_proxy
 
 PROMPT = "summarise the confidential board minutes"
 
 
-@pytest.fixture
-async def receiver() -> AsyncIterator[OtlpReceiver]:
-    async with OtlpReceiver() as r:
-        yield r
+receiver = otlp_receiver.receiver
 
 
-@pytest.fixture
-async def traced(receiver: OtlpReceiver) -> AsyncIterator[TelemetryHandle]:
-    settings = TelemetrySettings(service_name="interlock", otlp_endpoint=receiver.endpoint)
-    handle = configure_telemetry(settings, enabled=True, set_global=False, schedule_delay_s=0.02)
-    yield handle
-    await asyncio.to_thread(handle.shutdown)
+traced = otlp_receiver.traced
 
 
-@pytest.fixture
-async def provider() -> AsyncIterator[FakeProvider]:
-    async with running_provider() as p:
-        yield p
+provider = fake_provider.provider
 
 
 def config(provider: FakeProvider, timeout_s: float = 5) -> str:

@@ -11,13 +11,12 @@ saw the caller's trace.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import secrets
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +24,9 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from policies.model import TelemetrySettings
-from proxy.otel_setup import TelemetryHandle, configure_telemetry
+from proxy.otel_setup import TelemetryHandle
 from proxy.telemetry import hash_key
+from tests.integration import otlp_receiver
 from tests.integration.mcp_servers import REPO_ROOT, RunningUpstream, running_upstream
 from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan, SpanNode
 from tests.integration.proxy_harness import RunningProxy, running_proxy
@@ -46,19 +45,10 @@ def upstream() -> Iterator[RunningUpstream]:
         yield running
 
 
-@pytest.fixture
-async def receiver() -> AsyncIterator[OtlpReceiver]:
-    async with OtlpReceiver() as r:
-        yield r
+receiver = otlp_receiver.receiver
 
 
-@pytest.fixture
-async def traced(receiver: OtlpReceiver) -> AsyncIterator[TelemetryHandle]:
-    """The proxy's telemetry, exporting every 20 ms to the test's receiver."""
-    settings = TelemetrySettings(service_name="interlock", otlp_endpoint=receiver.endpoint)
-    handle = configure_telemetry(settings, enabled=True, set_global=False, schedule_delay_s=0.02)
-    yield handle
-    await asyncio.to_thread(handle.shutdown)
+traced = otlp_receiver.traced
 
 
 def config(upstream_url: str, extra: str = "") -> str:
