@@ -36,13 +36,15 @@ import hashlib
 import json
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import pytest
 from aiohttp import web
+
+from tests.integration.waiting import wait_until
 
 __all__ = [
     "Behaviour",
@@ -412,15 +414,6 @@ async def running_provider(provider: FakeProvider | None = None) -> AsyncIterato
         yield provider
     finally:
         await runner.cleanup()
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Poll `predicate` every 10 ms until it holds; fail after `timeout_s`."""
-    for _ in range(max(1, int(timeout_s / 0.01))):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"condition not met within {timeout_s} s")
 
 
 @pytest.fixture

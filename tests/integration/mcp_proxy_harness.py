@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
@@ -218,3 +219,10 @@ class RawMcp:
     async def delete(self) -> int:
         async with self.http.delete(self.url, headers=self.headers()) as answer:
             return answer.status
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A client session per test (bind in a module: `http = mcp_proxy_harness.http`)."""
+    async with aiohttp.ClientSession() as session:
+        yield session

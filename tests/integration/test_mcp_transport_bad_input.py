@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 
 from policies.model import UpstreamSpec
+from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import RawMcp, RunningProxy, http_upstream, running_proxy
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
 
@@ -31,10 +32,7 @@ async def proxy(upstream: RunningUpstream, tmp_path: Path) -> AsyncIterator[Runn
         yield running
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
+http = mcp_proxy_harness.http
 
 
 HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}

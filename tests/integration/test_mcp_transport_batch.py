@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import (
     MODERN,
     RawMcp,
@@ -34,10 +35,7 @@ async def proxy(upstream: RunningUpstream, tmp_path: Path) -> AsyncIterator[Runn
         yield running
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
+http = mcp_proxy_harness.http
 
 
 def _call(request_id: Any, tool: str, **arguments: Any) -> dict[str, Any]:

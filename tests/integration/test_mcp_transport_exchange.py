@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -28,6 +27,7 @@ from proxy.mcp_http_upstream import HttpUpstreams, exchange_http
 from proxy.mcp_stdio import StdioProcess
 from tests.integration.mcp_proxy_harness import ENVELOPE, MODERN, http_upstream, stdio_upstream
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration.waiting import wait_until
 
 
 class Collected:
@@ -101,13 +101,6 @@ async def _exchange(
     )
 
 
-async def _wait_for(predicate: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
 async def test_http_exchange_relays_progress_before_the_answer(
     pool: HttpUpstreams, upstream: RunningUpstream
 ):
@@ -172,7 +165,7 @@ async def test_http_timeout_is_upstream_timeout_and_aborts_the_call(
     spec = http_upstream("up", upstream.url)
     with pytest.raises(UpstreamTimeout):
         await _exchange(pool, spec, _request(1, "hold", seconds=30, tag="x-timeout"), timeout_s=0.5)
-    await _wait_for(lambda: "x-timeout" in upstream.stats()["cancelled"])
+    await wait_until(lambda: "x-timeout" in upstream.stats()["cancelled"])
 
 
 async def test_http_cancel_event_aborts_as_upstream_lost(
@@ -184,11 +177,11 @@ async def test_http_cancel_event_aborts_as_upstream_lost(
     call = asyncio.create_task(
         _exchange(pool, spec, _request(1, "hold", seconds=30, tag="x-gone"), cancel=gone)
     )
-    await _wait_for(lambda: "x-gone" in upstream.stats()["started"])
+    await wait_until(lambda: "x-gone" in upstream.stats()["started"])
     gone.set()
     with pytest.raises(UpstreamLost):
         await call
-    await _wait_for(lambda: "x-gone" in upstream.stats()["cancelled"])
+    await wait_until(lambda: "x-gone" in upstream.stats()["cancelled"])
 
 
 async def test_http_client_gone_before_sending_is_not_reached(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from mcp import Client
 from mcp.types import ElicitRequestParams, ElicitResult
 
 from proxy.state import ANNOTATIONS
+from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import (
     LEGACY,
     RawMcp,
@@ -22,6 +22,7 @@ from tests.integration.mcp_proxy_harness import (
     running_proxy,
 )
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration.waiting import wait_until
 
 MODES = ["legacy", "auto", "2026-07-28"]
 
@@ -50,17 +51,7 @@ async def proxy(
         yield running
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-async def _wait_for(predicate: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
+http = mcp_proxy_harness.http
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -192,11 +183,11 @@ async def test_cancelling_a_modern_call_cancels_the_upstream_handler(
     """A 2026-07-28 client that gives up closes its stream; the proxy aborts the upstream call."""
     async with Client(proxy.mcp_url("sse"), mode="2026-07-28", cache=None) as client:
         call = asyncio.create_task(client.call_tool("hold", {"seconds": 30, "tag": "modern-c"}))
-        await _wait_for(lambda: "modern-c" in sse_upstream.stats()["started"])
+        await wait_until(lambda: "modern-c" in sse_upstream.stats()["started"])
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-    await _wait_for(lambda: "modern-c" in sse_upstream.stats()["cancelled"])
+    await wait_until(lambda: "modern-c" in sse_upstream.stats()["cancelled"])
 
 
 async def test_cancelling_a_legacy_call_forwards_the_cancellation(
@@ -205,11 +196,11 @@ async def test_cancelling_a_legacy_call_forwards_the_cancellation(
     """A handshake-era client's notifications/cancelled reaches the upstream, which stops."""
     async with Client(proxy.mcp_url("sse"), mode="legacy", cache=None) as client:
         call = asyncio.create_task(client.call_tool("hold", {"seconds": 30, "tag": "legacy-c"}))
-        await _wait_for(lambda: "legacy-c" in sse_upstream.stats()["started"])
+        await wait_until(lambda: "legacy-c" in sse_upstream.stats()["started"])
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-        await _wait_for(lambda: "legacy-c" in sse_upstream.stats()["cancelled"])
+        await wait_until(lambda: "legacy-c" in sse_upstream.stats()["cancelled"])
         assert (await client.call_tool("echo", {"text": "still here"})).content[0].text
 
 

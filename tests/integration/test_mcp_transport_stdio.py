@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import ElicitRequestParams, ElicitResult
 
 from proxy.state import ANNOTATIONS, CONFIG
+from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import (
     ENVELOPE,
     RawMcp,
@@ -25,6 +25,7 @@ from tests.integration.mcp_proxy_harness import (
     stdio_upstream,
 )
 from tests.integration.mcp_servers import REPO_ROOT, stdio_command
+from tests.integration.waiting import wait_until
 
 MODES = ["legacy", "auto", "2026-07-28"]
 
@@ -36,17 +37,7 @@ async def proxy(tmp_path: Path) -> AsyncIterator[RunningProxy]:
         yield running
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-async def _wait_for(predicate: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
+http = mcp_proxy_harness.http
 
 
 def _alive(pid: int) -> bool:
@@ -201,7 +192,7 @@ async def test_delete_ends_the_sessions_process(proxy: RunningProxy, http: aioht
     assert process.pid is not None
     pid = process.pid
     assert await raw.delete() == 200
-    await _wait_for(lambda: not _alive(pid))
+    await wait_until(lambda: not _alive(pid))
     after = await raw.post({"jsonrpc": "2.0", "id": 3, "method": "ping"})
     assert after.status == 404
     assert after.json()["error"]["data"]["reason"] == "session_not_found"
@@ -219,7 +210,7 @@ async def test_a_crashed_child_ends_its_session(proxy: RunningProxy, http: aioht
     assert answer.status in (200, 404)
     if answer.status == 200:
         assert "error" in answer.last or answer.last["result"]["isError"]
-    await _wait_for(lambda: process.exited.is_set())
+    await wait_until(lambda: process.exited.is_set())
     after = await raw.post({"jsonrpc": "2.0", "id": 5, "method": "ping"})
     assert after.status == 404
 
@@ -232,7 +223,7 @@ async def test_a_crashed_shared_process_is_replaced(
     assert (await raw.call_modern(1, "echo", {"text": "a"})).status == 200
     (first,) = [p for p in proxy.transport.stdio.processes() if p.shared]
     await raw.call_modern(2, "die", {})
-    await _wait_for(lambda: first.exited.is_set())
+    await wait_until(lambda: first.exited.is_set())
     again = await raw.call_modern(3, "echo", {"text": "b"})
     assert json.loads(again.messages[-1])["result"]["content"][0]["text"] == "b"
     (second,) = [p for p in proxy.transport.stdio.processes() if p.shared]
@@ -248,7 +239,7 @@ async def test_idle_processes_are_reaped(tmp_path: Path, http: aiohttp.ClientSes
         (process,) = proxy.transport.stdio.processes()
         assert process.pid is not None
         pid = process.pid
-        await _wait_for(lambda: not _alive(pid))
+        await wait_until(lambda: not _alive(pid))
         assert proxy.transport.stdio.processes() == []
         assert (await raw.post({"jsonrpc": "2.0", "id": 1, "method": "ping"})).status == 404
 
@@ -282,7 +273,7 @@ async def test_shutdown_ends_every_process(tmp_path: Path, http: aiohttp.ClientS
         await RawMcp(http, proxy.mcp_url("st")).call_modern(1, "echo", {"text": "x"})
         pids = [p.pid for p in proxy.transport.stdio.processes()]
     assert len(pids) == 2
-    await _wait_for(lambda: not any(_alive(pid) for pid in pids if pid is not None))
+    await wait_until(lambda: not any(_alive(pid) for pid in pids if pid is not None))
 
 
 async def test_a_command_that_cannot_start_is_a_clear_error(
