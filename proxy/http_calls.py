@@ -41,7 +41,7 @@ from proxy.http_attempts import (
 )
 from proxy.http_context import HttpCall
 from proxy.http_forward import encode_outcome, replay_response
-from proxy.leases import AttemptNotClaimed, Lease, keep_lease, next_attempt
+from proxy.leases import AttemptNotClaimed, Lease, claim_refusal, keep_lease, next_attempt
 from proxy.scheduler import AdmissionRefused
 from proxy.state import CONFIG, LEDGER
 
@@ -130,12 +130,8 @@ async def _run_side_effect(call: HttpCall) -> web.StreamResponse:
         return replay_response(
             entry.outcome, state=str(entry.state), entry_id=entry.id, idempotency_key=key
         )
-    if claim.kind == "in_progress":
-        return await call.answer(answers.in_progress(key, entry.id, str(entry.state)))
-    if claim.kind == "mismatch":
-        return await call.answer(answers.key_mismatch(key, entry.id))
-    if claim.kind == "needs_reconciliation":
-        return await call.answer(answers.needs_reconciliation(key, entry.id, str(entry.state)))
+    if (refusal := claim_refusal(claim, key)) is not None:
+        return await call.answer(refusal)
     lease = Lease(entry.id, entry.fencing_token)
     call.before_retry = functools.partial(_next_attempt, call, store, lease)
     async with keep_lease(store, lease, call.app[CONFIG].ledger.lease_s):
@@ -160,14 +156,15 @@ async def _forward_and_record(
     except AttemptNotClaimed as lost:
         # The failed attempt was released (it did not run); the next could not be claimed.
         claim = lost.claim
-        if claim is None:
+        if claim is not None and claim.kind == "replay":  # another send finished it meanwhile
+            entry = claim.entry
+            return replay_response(
+                entry.outcome, state=str(entry.state), entry_id=entry.id, idempotency_key=key
+            )
+        refusal = None if claim is None else claim_refusal(claim, key)
+        if refusal is None:  # the ledger could not be asked
             return await call.answer(answers.ledger_unavailable(str(lost), key))
-        state = str(claim.entry.state)
-        if claim.kind == "mismatch":
-            return await call.answer(answers.key_mismatch(key, claim.entry.id))
-        if claim.kind == "needs_reconciliation":
-            return await call.answer(answers.needs_reconciliation(key, claim.entry.id, state))
-        return await call.answer(answers.in_progress(key, claim.entry.id, state))
+        return await call.answer(refusal)
     except AdmissionRefused as exc:
         await ledger.release(f"retry refused: {exc.refusal.reason}", exc.refusal.retry_after_s)
         return await call.answer(_refusal_answer(call, exc.refusal))

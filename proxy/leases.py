@@ -1,5 +1,6 @@
-"""The lease of a running entry: kept alive while its call is in flight, and handed to the next
-attempt when a retry of a call that certainly did not run starts."""
+"""A call's hold on its ledger entry: what a claim that may not run answers, the lease kept alive
+while the call is in flight, and its hand-over to the next attempt when a retry of a call that
+certainly did not run starts."""
 
 from __future__ import annotations
 
@@ -10,10 +11,25 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from ledger import ClaimRequest, ClaimResult, LedgerError, LedgerStore
+from policies import answers
+from policies.answers import Answer
 
-__all__ = ["AttemptNotClaimed", "Lease", "keep_lease", "next_attempt"]
+__all__ = ["AttemptNotClaimed", "Lease", "claim_refusal", "keep_lease", "next_attempt"]
 
 log = logging.getLogger("interlock.leases")
+
+
+def claim_refusal(claim: ClaimResult, idempotency_key: str | None) -> Answer | None:
+    """What the caller is told when its claim may not run: in progress, mismatch, or needs
+    reconciliation. None for a new attempt and for a replay (each protocol renders its own)."""
+    entry, state = claim.entry, str(claim.entry.state)
+    if claim.kind == "in_progress":
+        return answers.in_progress(idempotency_key, entry.id, state)
+    if claim.kind == "mismatch":
+        return answers.key_mismatch(idempotency_key, entry.id)
+    if claim.kind == "needs_reconciliation":
+        return answers.needs_reconciliation(idempotency_key, entry.id, state)
+    return None
 
 
 @dataclass

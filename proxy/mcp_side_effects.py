@@ -28,7 +28,7 @@ from proxy.errors import (
     UpstreamRefused,
     UpstreamTimeout,
 )
-from proxy.leases import AttemptNotClaimed, Lease, keep_lease, next_attempt
+from proxy.leases import AttemptNotClaimed, Lease, claim_refusal, keep_lease, next_attempt
 from proxy.mcp_context import JsonObject, ToolCall
 from proxy.mcp_forwarding import ForwardPlan, forward_with_retries
 from proxy.mcp_outcomes import decode_replay, encode_outcome, outcome_state
@@ -127,17 +127,10 @@ async def _claim(call: ToolCall, store: LedgerStore) -> ClaimResult:
 
 def _answer_claim(call: ToolCall, result: ClaimResult) -> JsonObject | None:
     """The answer for a claim that must not be forwarded, or None for a new running entry."""
-    entry = result.entry
-    state = str(entry.state)
     if result.kind == "replay":
-        return decode_replay(entry, call.request_id, modern=call.ctx.modern)
-    if result.kind == "in_progress":
-        return call.answer(answers.in_progress(call.idempotency_key, entry.id, state))
-    if result.kind == "mismatch":
-        return call.answer(answers.key_mismatch(call.idempotency_key, entry.id))
-    if result.kind == "needs_reconciliation":
-        return call.answer(answers.needs_reconciliation(call.idempotency_key, entry.id, state))
-    return None
+        return decode_replay(result.entry, call.request_id, modern=call.ctx.modern)
+    refusal = claim_refusal(result, call.idempotency_key)
+    return None if refusal is None else call.answer(refusal)
 
 
 async def _forward_until_client_leaves(call: ToolCall, plan: ForwardPlan) -> JsonObject:
