@@ -4,7 +4,7 @@ Three routes to the same fake provider (`tests/integration/fake_provider.py`, it
 - direct: the load generator calls the provider itself;
 - bare: through a minimal aiohttp pass-through (its own process, below: forwards method, path,
   headers and body bytes, streams the answer back, parses nothing) — the floor any proxy pays;
-- interlock: through `interlock serve` (`python -m proxy.cli serve`, its own process; telemetry
+- interlock: through `interlock serve` (`python -m proxy serve`, its own process; telemetry
   disabled so this table shows the proxy's own work — `bench_telemetry` prices the spans).
 
 Bodies: a JSON chat completion, and a streamed one (SSE, 20 content chunks and a usage chunk).
@@ -147,7 +147,7 @@ async def _run(quick: bool) -> list[Table]:
                 f"http://127.0.0.1:{bare_port}/v1/models",
             ) as bare,
             _process(
-                ["-m", "proxy.cli", "serve", "--config", str(config)],
+                ["-m", "proxy", "serve", "--config", str(config)],
                 f"http://127.0.0.1:{proxy_port}/healthz",
             ) as proxy,
         ):

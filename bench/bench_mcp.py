@@ -6,7 +6,7 @@ run as a subprocess):
 - direct: the load generator talks to the upstream itself (no proxy; throughput baseline);
 - bare: a minimal aiohttp proxy in its own process that forwards the POST bytes and streams the
   answer back, parsing nothing (`_serve_bare`) - the floor any proxy pays;
-- interlock: `interlock serve` (`proxy.cli`) with a SQLite ledger at `durability: full`;
+- interlock: `interlock serve` (`proxy.ops.cli`) with a SQLite ledger at `durability: full`;
 - transport: the same, with the tools/call pipeline swapped for a pass-through (a diagnostic
   row: what the MCP transport itself costs, apart from admission and the ledger).
 
@@ -120,7 +120,7 @@ async def _interlock(
         if transport_only:
             args = [sys.executable, "-m", "bench.bench_mcp", "--transport-only", *serve]
         else:
-            program = "import sys; from proxy.cli import main; sys.exit(main())"
+            program = "import sys; from proxy.ops.cli import main; sys.exit(main())"
             args = [sys.executable, "-c", program, *serve]
         async with _process(args, f"http://127.0.0.1:{port}/healthz") as proc:
             yield f"http://127.0.0.1:{port}/mcp/up", proc
@@ -365,13 +365,13 @@ def _serve_transport_only(cli_args: list[str]) -> int:
 
     A diagnostic: it isolates what the MCP transport costs from what admission and the ledger do.
     """
-    import proxy.mcp_forward
-    from proxy.cli import main
+    import proxy.mcp.transport.handoff
+    from proxy.ops.cli import main
 
     async def pass_through(ctx: Any, request: Any, send_upstream: Any, notify: Any) -> Any:
         return await send_upstream(request, _CALL_TIMEOUT_S)
 
-    proxy.mcp_forward.handle_tools_call = pass_through
+    proxy.mcp.transport.handoff.handle_tools_call = pass_through
     return main(cli_args)
 
 

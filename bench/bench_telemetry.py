@@ -229,7 +229,7 @@ def _serve(config_path: str) -> None:
     """The proxy process: telemetry configured once at start-up, then the application."""
     from policies.config import load_config
     from proxy.app import create_app
-    from proxy.otel_setup import configure_telemetry
+    from proxy.telemetry.sdk import configure_telemetry
 
     config = load_config(config_path)
     handle = configure_telemetry(config.telemetry, enabled=config.telemetry.enabled)

@@ -21,7 +21,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from policies.model import TelemetrySettings
-from proxy.otel_setup import configure_telemetry
+from proxy.telemetry.sdk import configure_telemetry
 from tests.integration.fake_provider import running_provider
 from tests.integration.mcp_servers import running_upstream
 from tests.integration.otlp_receiver import OtlpReceiver

@@ -1,9 +1,9 @@
 """The admission book: the counts that admission decisions read, kept in one place.
 
-The asyncio runtime (`proxy.scheduler`) owns futures and timers; this book owns the numbers —
-running and queued calls per scope, recent service times, cooldowns, pauses, round-robin turns —
-and applies the engine's decisions to them. It does no I/O and reads no clock (callers pass
-`now`), so property tests drive it directly, without an event loop.
+The asyncio runtime (`proxy.runtime.scheduler`) owns futures and timers; this book owns the
+numbers — running and queued calls per scope, recent service times, cooldowns, pauses,
+round-robin turns — and applies the engine's decisions to them. It does no I/O and reads no
+clock (callers pass `now`), so property tests drive it directly, without an event loop.
 
 Counts of a scope are dropped as soon as it is idle, and service times are kept for at most
 `MAX_TIMED_SCOPES` scopes (least recently updated dropped first), so memory follows the live

@@ -16,13 +16,12 @@ from aiohttp import web
 from ledger import LedgerError, LedgerStore
 from policies.budget import RetryBudgets
 from policies.model import Config
-from proxy import admin, health, tool_catalog
-from proxy.http_routes import setup_http
-from proxy.mcp_routes import setup_mcp
-from proxy.metrics_http import setup_metrics
-from proxy.scheduler import Scheduler
+from proxy.http.routes import setup_http
+from proxy.mcp import catalog
+from proxy.mcp.transport.routes import setup_mcp
+from proxy.ops import admin, health
+from proxy.runtime.scheduler import Scheduler
 from proxy.state import (
-    ANNOTATIONS,
     CONFIG,
     LEDGER,
     REPLICA_ID,
@@ -32,6 +31,7 @@ from proxy.state import (
     LedgerHandle,
     Runtime,
 )
+from proxy.telemetry.metrics_route import setup_metrics
 
 __all__ = ["create_app"]
 
@@ -53,11 +53,10 @@ def create_app(config: Config, *, replica_id: str | None = None) -> web.Applicat
     app[RUNTIME] = Runtime()
     app[SCHEDULER] = Scheduler(config)
     app[LEDGER] = LedgerHandle()
-    app[ANNOTATIONS] = {}
     app[RETRY_BUDGETS] = RetryBudgets(config.upstreams, clock=time.monotonic)
     app.cleanup_ctx.append(_ledger_ctx)
     app.on_shutdown.append(_begin_shutdown)
-    tool_catalog.setup(app)
+    catalog.setup(app)
     health.setup(app)
     admin.setup(app)
     setup_metrics(app)

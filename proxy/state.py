@@ -13,10 +13,9 @@ from policies.model import Config
 
 if TYPE_CHECKING:
     from ledger import LedgerStore
-    from proxy.scheduler import Scheduler
+    from proxy.runtime.scheduler import Scheduler
 
 __all__ = [
-    "ANNOTATIONS",
     "CONFIG",
     "LEDGER",
     "REPLICA_ID",
@@ -50,5 +49,3 @@ LEDGER = web.AppKey("ledger", LedgerHandle)
 REPLICA_ID = web.AppKey("replica_id", str)
 RUNTIME = web.AppKey("runtime", Runtime)
 RETRY_BUDGETS = web.AppKey("retry_budgets", RetryBudgets)
-# upstream name -> tool name -> annotations dict, learned from tools/list answers
-ANNOTATIONS = web.AppKey("annotations", dict[str, dict[str, dict[str, Any]]])

@@ -14,7 +14,7 @@ EXAMPLE = REPO_ROOT / "examples" / "interlock.yaml"
 
 def interlock(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", *args],
+        [sys.executable, "-m", "proxy", *args],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -16,7 +16,7 @@ def test_demo_runs_every_step():
     """The guided demo exits 0, shows refusals with retry_after_s, a queued call, one execution
     for the duplicate, and an unknown entry resolved through the ledger CLI."""
     done = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "demo"],
+        [sys.executable, "-m", "proxy", "demo"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -14,7 +14,7 @@ import pytest
 
 from ledger import LedgerStore
 from policies.model import LedgerSettings
-from proxy import cli_ledger
+from proxy.ops import ledger_cli
 from tests import ledger_fixtures
 from tests.ledger_fixtures import LedgerBackend, claim_request, run_async
 
@@ -54,7 +54,7 @@ def seed(url: str) -> dict[str, str]:
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     """Run the ledger commands in-process; return (exit status, stdout, stderr)."""
-    status = cli_ledger.main(["ledger", *args])
+    status = ledger_cli.main(["ledger", *args])
     out, err = capsys.readouterr()
     return status, out, err
 
@@ -119,10 +119,10 @@ def test_resolve_and_its_refusals(capsys: pytest.CaptureFixture[str], ledger_url
     assert shown["history"][-1]["evidence"]["note"] == "found in outbox"
 
     status, _, err = cli(capsys, "resolve", "order-2", "--as", "failed", "--ledger-url", ledger_url)
-    assert status == cli_ledger.EXIT_REFUSED
+    assert status == ledger_cli.EXIT_REFUSED
     assert "only unknown or blocked entries are resolved" in err
     status, _, err = cli(capsys, "show", "no-such-entry", "--ledger-url", ledger_url)
-    assert status == cli_ledger.EXIT_REFUSED
+    assert status == ledger_cli.EXIT_REFUSED
     assert "no ledger entry matches 'no-such-entry'" in err
     with pytest.raises(SystemExit) as usage:
         cli(capsys, "resolve", "order-2", "--as", "done", "--ledger-url", ledger_url)
@@ -154,7 +154,7 @@ def test_missing_sqlite_ledger_is_not_created(
     """`list` on a SQLite file that does not exist says so and creates nothing."""
     path = tmp_path / "typo.db"
     status, _, err = cli(capsys, "list", "--ledger-url", f"sqlite:///{path}")
-    assert status == cli_ledger.EXIT_UNAVAILABLE
+    assert status == ledger_cli.EXIT_UNAVAILABLE
     assert f"no ledger database at {path}" in err
     assert not path.exists()
 
@@ -162,7 +162,7 @@ def test_missing_sqlite_ledger_is_not_created(
 def _interlock(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The real `interlock` command in a process of its own."""
     return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", *args],
+        [sys.executable, "-m", "proxy", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -175,7 +175,7 @@ def _interlock(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 def test_unreachable_database_exits_3_with_a_clear_message() -> None:
     """A refused connection is reported as an unavailable ledger, exit status 3."""
     result = _interlock("ledger", "list", "--ledger-url", "postgresql://postgres@127.0.0.1:9/x")
-    assert result.returncode == cli_ledger.EXIT_UNAVAILABLE, result.stderr
+    assert result.returncode == ledger_cli.EXIT_UNAVAILABLE, result.stderr
     assert "ledger unavailable" in result.stderr
 
 

@@ -56,7 +56,7 @@ async def _interlock(*args: str) -> tuple[int, Any]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "proxy.cli",
+        "proxy",
         "ledger",
         *args,
         "--json",

@@ -47,7 +47,7 @@ def _wait_listening(process: subprocess.Popen[str], timeout_s: float = 20) -> No
 def proxy_process(config: Path) -> Iterator[subprocess.Popen[str]]:
     env = {**os.environ, "INTERLOCK_LOG_LEVEL": "WARNING"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config)],
+        [sys.executable, "-m", "proxy", "serve", "--config", str(config)],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -67,7 +67,7 @@ def proxy_process(config: Path) -> Iterator[subprocess.Popen[str]]:
 
 def interlock(config: Path, *args: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", *args, "--config", str(config)],
+        [sys.executable, "-m", "proxy", *args, "--config", str(config)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

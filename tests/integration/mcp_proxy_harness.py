@@ -25,8 +25,8 @@ from multidict import CIMultiDict
 from policies.config import parse_config_text
 from policies.model import Config, UpstreamSpec
 from proxy.app import create_app
-from proxy.mcp_sse import SseParser
-from proxy.mcp_state import MCP_TRANSPORT, McpTransport
+from proxy.mcp.transport.sessions import MCP_TRANSPORT, McpTransport
+from proxy.mcp.wire.sse import SseParser
 from tests.integration.mcp_servers import REPO_ROOT, stdio_command
 from tests.integration.proxy_harness import serving
 

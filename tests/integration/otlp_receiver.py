@@ -29,7 +29,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from policies.model import TelemetrySettings
-from proxy.otel_setup import TelemetryHandle, configure_telemetry
+from proxy.telemetry.sdk import TelemetryHandle, configure_telemetry
 
 __all__ = ["OtlpReceiver", "ReceivedSpan", "SpanNode"]
 

@@ -97,7 +97,7 @@ async def test_pause_refuses_new_calls_until_resumed(
 ):
     """POST /admin/scopes/tenant:acme/pause makes admission refuse that tenant with `paused`."""
     from policies.admission import AdmissionRequest
-    from proxy.scheduler import AdmissionRefused
+    from proxy.runtime.scheduler import AdmissionRefused
 
     monkeypatch.delenv("INTERLOCK_TEST_ADMIN_TOKEN", raising=False)
     async with running_proxy(CONFIG, tmp_path) as proxy, aiohttp.ClientSession() as http:

@@ -9,7 +9,7 @@ import anthropic
 import openai
 import pytest
 
-from proxy.http_calls import TOKEN_BUDGET
+from proxy.http.pipeline import TOKEN_BUDGET
 from tests.integration import fake_provider
 from tests.integration.fake_provider import FakeProvider
 from tests.integration.proxy_harness import RunningProxy, running_proxy

@@ -22,9 +22,9 @@ from proxy.errors import (
     UpstreamRefused,
     UpstreamTimeout,
 )
-from proxy.jsonrpc import dumps
-from proxy.mcp_http_upstream import HttpUpstreams, exchange_http
-from proxy.mcp_stdio import StdioProcess
+from proxy.mcp.upstreams.stdio import StdioProcess
+from proxy.mcp.upstreams.streamable_http import HttpUpstreams, exchange_http
+from proxy.mcp.wire.jsonrpc import dumps
 from tests.integration.mcp_proxy_harness import ENVELOPE, MODERN, http_upstream, stdio_upstream
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
 from tests.integration.waiting import wait_until

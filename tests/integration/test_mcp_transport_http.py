@@ -12,7 +12,7 @@ import pytest
 from mcp import Client
 from mcp.types import ElicitRequestParams, ElicitResult
 
-from proxy.state import ANNOTATIONS
+from proxy.mcp.catalog import CATALOG
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import (
     LEGACY,
@@ -140,7 +140,7 @@ async def test_tools_list_teaches_tool_annotations(proxy: RunningProxy):
     """tools/list answers passing through record each tool's annotations for classification."""
     async with Client(proxy.mcp_url("sse"), mode="legacy", cache=None) as client:
         await client.list_tools()
-    learned = proxy.app[ANNOTATIONS]["sse"]
+    learned = proxy.app[CATALOG].annotations["sse"]
     assert learned["search_docs"] == {"readOnlyHint": True}
     assert learned["send_email"] == {"destructiveHint": True, "idempotentHint": False}
     assert learned["echo"] == {}
@@ -150,7 +150,7 @@ async def test_modern_tools_list_is_learned_too(proxy: RunningProxy):
     """A 2026-07-28 tools/list from a JSON upstream is learned the same way."""
     async with Client(proxy.mcp_url("json"), mode="2026-07-28", cache=None) as client:
         await client.list_tools()
-    assert proxy.app[ANNOTATIONS]["json"]["count"] == {"readOnlyHint": True}
+    assert proxy.app[CATALOG].annotations["json"]["count"] == {"readOnlyHint": True}
 
 
 async def test_session_delete_ends_the_upstream_session(

@@ -15,7 +15,8 @@ from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import ElicitRequestParams, ElicitResult
 
-from proxy.state import ANNOTATIONS, CONFIG
+from proxy.mcp.catalog import CATALOG
+from proxy.state import CONFIG
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import (
     ENVELOPE,
@@ -92,7 +93,7 @@ async def test_sdk_client_works_against_a_stdio_upstream(proxy: RunningProxy, mo
     assert echoed.content[0].text == "over stdio"
     assert slow.content[0].text == "done after 2 steps"
     assert progress == [1, 2]
-    assert proxy.app[ANNOTATIONS]["st"]["search_docs"] == {"readOnlyHint": True}
+    assert proxy.app[CATALOG].annotations["st"]["search_docs"] == {"readOnlyHint": True}
 
 
 async def test_client_session_over_a_stdio_upstream(proxy: RunningProxy):

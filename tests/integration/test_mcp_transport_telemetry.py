@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from proxy import telemetry
+from proxy.telemetry import tracing
 from tests.integration.mcp_proxy_harness import RawMcp, RunningProxy, http_upstream, running_proxy
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
 
@@ -31,11 +31,11 @@ def spans() -> Iterator[InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    telemetry.bind_tracer_provider(provider)
+    tracing.bind_tracer_provider(provider)
     try:
         yield exporter
     finally:
-        telemetry.bind_tracer_provider(None)
+        tracing.bind_tracer_provider(None)
         provider.shutdown()
 
 

@@ -15,10 +15,10 @@ from ledger import ClaimRequest, LedgerStore
 from policies.admission import AdmissionRequest
 from policies.config import parse_config_text
 from policies.model import Config
-from proxy import metrics
-from proxy.metrics_http import METRICS, setup_metrics
-from proxy.scheduler import Scheduler
+from proxy.runtime.scheduler import Scheduler
 from proxy.state import CONFIG, LEDGER, SCHEDULER, LedgerHandle
+from proxy.telemetry import metrics
+from proxy.telemetry.metrics_route import METRICS, setup_metrics
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

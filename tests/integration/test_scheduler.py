@@ -11,7 +11,7 @@ import pytest
 
 from policies.admission import AdmissionRequest
 from policies.model import ClassBand, Config, Limits, UpstreamSpec, WorkClass
-from proxy.scheduler import AdmissionRefused, Scheduler, Slot
+from proxy.runtime.scheduler import AdmissionRefused, Scheduler, Slot
 
 BOUND_S = 5.0  # every wait in these tests ends within this
 T = TypeVar("T")

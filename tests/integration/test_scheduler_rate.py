@@ -8,7 +8,7 @@ import time
 import pytest
 
 from policies.model import Limits
-from proxy.scheduler import AdmissionRefused, Scheduler
+from proxy.runtime.scheduler import AdmissionRefused, Scheduler
 from tests.integration.test_scheduler import WaitStates, bounded, call, make_config
 
 RATED = Limits(max_running=10, max_pending=10, rate_per_s=5.0, burst=1)

@@ -11,8 +11,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from policies.model import TelemetrySettings
-from proxy import telemetry
-from proxy.otel_setup import TelemetryHandle, configure_telemetry
+from proxy.telemetry import tracing
+from proxy.telemetry.sdk import TelemetryHandle, configure_telemetry
 from tests.integration import otlp_receiver
 from tests.integration.otlp_receiver import OtlpReceiver
 
@@ -57,17 +57,17 @@ async def test_call_and_child_spans_form_one_tree_continuing_the_caller(
     """The server span continues the caller's trace; steps are its children with their kinds."""
     handle = start(receiver.endpoint)
     try:
-        with telemetry.call_span(
+        with tracing.call_span(
             "tools/call send_email",
             attributes={"mcp.method.name": "tools/call", "interlock.tenant": None},
             headers={"traceparent": TRACEPARENT},
         ) as span:
-            with telemetry.child_span("interlock.queue"):
+            with tracing.child_span("interlock.queue"):
                 pass
-            with telemetry.child_span("interlock.upstream.attempt", kind=SpanKind.CLIENT):
+            with tracing.child_span("interlock.upstream.attempt", kind=SpanKind.CLIENT):
                 upstream_headers: dict[str, str] = {}
-                telemetry.inject_headers(upstream_headers)
-            telemetry.set_attributes(span, {"interlock.attempt": 1, "interlock.cooldown_s": None})
+                tracing.inject_headers(upstream_headers)
+            tracing.set_attributes(span, {"interlock.attempt": 1, "interlock.cooldown_s": None})
         spans = await receiver.wait_for_trace(CALLER_TRACE, 3)
     finally:
         handle.shutdown()
@@ -89,7 +89,7 @@ async def test_an_exception_marks_the_span_failed_with_its_type(receiver: OtlpRe
     """An exception leaving a span sets `error.type` to its class and an ERROR status."""
     handle = start(receiver.endpoint)
     try:
-        with pytest.raises(TimeoutError), telemetry.call_span("tools/call slow"):
+        with pytest.raises(TimeoutError), tracing.call_span("tools/call slow"):
             raise TimeoutError
         span = await receiver.wait_for_span(lambda s: s.name == "tools/call slow")
     finally:
@@ -103,7 +103,7 @@ async def test_collector_down_costs_spans_not_calls() -> None:
     handle = start(f"http://127.0.0.1:{closed_port()}", timeout_s=0.5)
     try:
         for i in range(5):
-            with telemetry.call_span(f"tools/call t{i}"):
+            with tracing.call_span(f"tools/call t{i}"):
                 pass
         await asyncio.to_thread(handle.force_flush, 5.0)
         assert handle.spans_dropped == 5
@@ -123,7 +123,7 @@ async def test_a_stalled_collector_fills_a_bounded_queue_and_counts_drops(
     handle = start(receiver.endpoint, queue=4)
     try:
         for i in range(24):
-            with telemetry.call_span(f"tools/call t{i}"):
+            with tracing.call_span(f"tools/call t{i}"):
                 pass
         assert handle.spans_dropped >= 24 - 8
         await receiver.wait_for(lambda ss: len(ss) + handle.spans_dropped >= 24)
@@ -139,7 +139,7 @@ async def test_a_failing_collector_counts_failed_exports(receiver: OtlpReceiver)
     receiver.status = 400
     handle = start(receiver.endpoint)
     try:
-        with telemetry.call_span("tools/call t"):
+        with tracing.call_span("tools/call t"):
             pass
         await receiver.wait_for(lambda _ss: receiver.requests >= 1)
         await asyncio.to_thread(handle.force_flush, 5.0)
@@ -155,8 +155,8 @@ async def test_tracing_off_records_nothing(receiver: OtlpReceiver) -> None:
     handle = configure_telemetry(settings, enabled=False, set_global=False)
     try:
         assert not handle.tracing
-        with telemetry.call_span("tools/call t", headers={"traceparent": TRACEPARENT}):
-            assert telemetry.current_trace_id() == CALLER_TRACE
+        with tracing.call_span("tools/call t", headers={"traceparent": TRACEPARENT}):
+            assert tracing.current_trace_id() == CALLER_TRACE
         assert handle.force_flush()
     finally:
         handle.shutdown()

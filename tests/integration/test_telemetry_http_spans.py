@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from aiohttp import ClientSession
 
-from proxy.otel_setup import TelemetryHandle
-from proxy.telemetry import hash_key
+from proxy.telemetry.sdk import TelemetryHandle
+from proxy.telemetry.tracing import hash_key
 from tests.integration import fake_provider, otlp_receiver
 from tests.integration.fake_provider import FakeProvider
 from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan, SpanNode
@@ -200,11 +200,11 @@ async def test_refused_http_call(
     gaps = Gaps()
     gaps.check(
         root.span.status == "ERROR" or attrs["http.response.status_code"] < 500,
-        "http_calls.py: server span status ERROR for the proxy's own 5xx answers",
+        "http/pipeline.py: server span status ERROR for the proxy's own 5xx answers",
     )
     gaps.check(
         attrs.get("interlock.cooldown_s", 0) > 0,
-        "http_calls.py: interlock.cooldown_s on a cooldown refusal",
+        "http/pipeline.py: interlock.cooldown_s on a cooldown refusal",
     )
     gaps.report()
 
@@ -234,6 +234,6 @@ async def test_http_timeout_becomes_unknown(
     gaps = Gaps()
     gaps.check(
         root.span.status == "ERROR",
-        "http_calls.py: server span status ERROR for the proxy's own 5xx answers",
+        "http/pipeline.py: server span status ERROR for the proxy's own 5xx answers",
     )
     gaps.report()

@@ -24,8 +24,8 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from proxy.otel_setup import TelemetryHandle
-from proxy.telemetry import hash_key
+from proxy.telemetry.sdk import TelemetryHandle
+from proxy.telemetry.tracing import hash_key
 from tests.integration import otlp_receiver
 from tests.integration.mcp_servers import REPO_ROOT, RunningUpstream, running_upstream
 from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan, SpanNode
@@ -35,7 +35,8 @@ KEY = "interlock/idempotency-key"
 SECRET_ADDRESS = "ceo-private@example.com"
 SECRET_BODY = "the merger closes friday"
 ANSWER_STATUS_GAP = (
-    "mcp_context.py ToolCall.answer: set ERROR status (telemetry.mark_error), not just error.type"
+    "mcp/pipeline/context.py ToolCall.answer: set ERROR status (tracing.mark_error), "
+    "not just error.type"
 )
 
 
@@ -152,8 +153,9 @@ async def test_admitted_side_effecting_call(
     servers = [s for s in receiver.trace(caller.trace_id) if s.kind == "SERVER"]
     gaps.check(
         len(servers) == 1,
-        f"one SERVER span per tools/call, got {len(servers)}: the transport (mcp_forward.py) "
-        "and the pipeline (mcp_calls.py) each open call_span",
+        f"one SERVER span per tools/call, got {len(servers)}: "
+        "the transport (mcp/transport/spans.py) "
+        "and the pipeline (mcp/pipeline/tools_call.py) each open call_span",
     )
     span = root.span
     assert span.name == "tools/call send_email"
@@ -189,13 +191,13 @@ async def test_admitted_side_effecting_call(
         attempt_attrs.get("server.address") == "127.0.0.1"
         and attempt_attrs.get("server.port") == upstream.port
         and attempt_attrs.get("network.transport") == "tcp",
-        "mcp_forwarding.py attempt span: server.address must be the host (is the URL), "
+        "mcp/pipeline/attempts.py attempt span: server.address must be the host (is the URL), "
         "server.port and network.transport missing",
     )
     (finish,) = root.find("interlock.ledger.finish")
     gaps.check(
         finish.span.attributes.get("interlock.ledger.state") == "succeeded",
-        "mcp_side_effects.py ledger.finish span: `to` should be interlock.ledger.state",
+        "mcp/pipeline/side_effects.py ledger.finish span: `to` should be interlock.ledger.state",
     )
     gaps.report()
 
@@ -347,7 +349,7 @@ async def test_refusals_and_unknowns_are_counted_in_metrics(
     gaps.check(
         sum(durations) == 4,
         f"mcp.server.operation.duration recorded {sum(durations):g} times for 4 tools/call: "
-        "both the transport (mcp_forward.py) and the pipeline record it",
+        "both the transport (mcp/transport/spans.py) and the pipeline record it",
     )
     gaps.report()
 

@@ -1,8 +1,8 @@
 """Property tests of admission: random arrivals, finishes, clock ticks and cooldowns.
 
 A small synchronous driver plays the runtime's part (it calls the book exactly where
-`proxy.scheduler` does: decide on arrival, dispatch after every finish, tick and cooldown end),
-and the properties are checked after every step.
+`proxy.runtime.scheduler` does: decide on arrival, dispatch after every finish, tick and cooldown
+end), and the properties are checked after every step.
 """
 
 from __future__ import annotations

@@ -5,17 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from proxy.http_forward import (
-    UnsafePath,
-    encode_outcome,
-    replay_response,
-    request_headers,
-    response_headers,
-    split_route,
-    sse_error_event,
-    upstream_url,
-)
+from proxy.http.downstream import sse_error_event
+from proxy.http.headers import request_headers, response_headers
+from proxy.http.outcomes import encode_outcome, replay_response
+from proxy.http.paths import UnsafePath, split_route, upstream_url
 
 
 @pytest.mark.parametrize(

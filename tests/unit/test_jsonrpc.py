@@ -12,7 +12,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from policies.answers import CODE_INVALID_REQUEST, CODE_PARSE_ERROR
-from proxy.jsonrpc import (
+from proxy.mcp.catalog import CATALOG, ToolCatalog, learn_tools
+from proxy.mcp.upstreams.relay import ClientGone, Trip, cancelled_when
+from proxy.mcp.wire.headers import (
+    client_response_headers,
+    is_modern,
+    modern_routing_headers,
+    upstream_request_headers,
+)
+from proxy.mcp.wire.jsonrpc import (
     InvalidBody,
     WireMessage,
     dumps,
@@ -23,16 +31,7 @@ from proxy.jsonrpc import (
     read_upstream_message,
     wire_bytes,
 )
-from proxy.mcp_headers import (
-    client_response_headers,
-    is_modern,
-    modern_routing_headers,
-    upstream_request_headers,
-)
-from proxy.mcp_reply import ClientGone, Trip, cancelled_when
-from proxy.mcp_sse import SseParser, format_comment, format_event
-from proxy.mcp_state import MCP_TRANSPORT, McpTransport, learn_tools
-from proxy.state import ANNOTATIONS
+from proxy.mcp.wire.sse import SseParser, format_comment, format_event
 
 
 def _code(raw: bytes) -> tuple[int, str, int]:
@@ -319,8 +318,7 @@ def test_modern_param_headers_are_rebuilt_when_arguments_change():
 
 def _app() -> web.Application:
     app = web.Application()
-    app[ANNOTATIONS] = {}
-    app[MCP_TRANSPORT] = McpTransport()
+    app[CATALOG] = ToolCatalog()
     return app
 
 
@@ -337,7 +335,7 @@ def test_paginated_tool_listings_add_up():
     second = {"tools": [{"name": "send", "annotations": {"destructiveHint": True}}, "junk"]}
     assert learn_tools(app, "up", first) == 2
     assert learn_tools(app, "up", second) == 1
-    assert app[ANNOTATIONS]["up"] == {
+    assert app[CATALOG].annotations["up"] == {
         "search": {"readOnlyHint": True},
         "plain": {},
         "send": {"destructiveHint": True},
@@ -353,7 +351,7 @@ def test_header_mirrored_arguments_are_learned_from_schemas():
         "properties": {"region": {"type": "string", "x-mcp-header": "Region"}, "q": {}},
     }
     learn_tools(app, "up", {"tools": [{"name": "find", "inputSchema": schema}]})
-    assert app[MCP_TRANSPORT].param_headers["up"]["find"] == {("region",): "Region"}
+    assert app[CATALOG].param_headers["up"]["find"] == {("region",): "Region"}
 
 
 # --- cancelling a wait when the client goes away ---

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from opentelemetry.trace import NoOpTracerProvider
 
-from proxy import telemetry
-from proxy.otel_setup import traces_url
+from proxy.telemetry import tracing
+from proxy.telemetry.sdk import traces_url
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 TRACEPARENT = f"00-{TRACE_ID}-b7ad6b7169203331-01"
@@ -13,22 +13,22 @@ TRACEPARENT = f"00-{TRACE_ID}-b7ad6b7169203331-01"
 
 def test_span_names_follow_the_conventions() -> None:
     """MCP spans are named `{method} {target}`; HTTP server spans `{METHOD} {route}`."""
-    assert telemetry.mcp_span_name("tools/call", "send_email") == "tools/call send_email"
-    assert telemetry.mcp_span_name("tools/list") == "tools/list"
-    assert telemetry.http_span_name("post", "/http/{upstream}/{path}") == (
+    assert tracing.mcp_span_name("tools/call", "send_email") == "tools/call send_email"
+    assert tracing.mcp_span_name("tools/list") == "tools/list"
+    assert tracing.http_span_name("post", "/http/{upstream}/{path}") == (
         "POST /http/{upstream}/{path}"
     )
 
 
 def test_hash_key_never_returns_the_key() -> None:
     """Idempotency keys are reduced to 16 hex chars of sha256; None stays None."""
-    hashed = telemetry.hash_key("order-42")
+    hashed = tracing.hash_key("order-42")
     assert hashed is not None
     assert len(hashed) == 16
     assert "order-42" not in hashed
-    assert hashed == telemetry.hash_key("order-42")
-    assert hashed != telemetry.hash_key("order-43")
-    assert telemetry.hash_key(None) is None
+    assert hashed == tracing.hash_key("order-42")
+    assert hashed != tracing.hash_key("order-43")
+    assert tracing.hash_key(None) is None
 
 
 def test_traces_url_appends_the_signal_path_once() -> None:
@@ -40,16 +40,16 @@ def test_traces_url_appends_the_signal_path_once() -> None:
 
 def test_incoming_trace_passes_through_when_tracing_is_off() -> None:
     """With no SDK recording, a caller's traceparent still reaches the upstream (headers, _meta)."""
-    telemetry.bind_tracer_provider(NoOpTracerProvider())
+    tracing.bind_tracer_provider(NoOpTracerProvider())
     try:
-        with telemetry.call_span("tools/call echo", headers={"Traceparent": TRACEPARENT}):
+        with tracing.call_span("tools/call echo", headers={"Traceparent": TRACEPARENT}):
             headers: dict[str, str] = {}
             meta: dict[str, object] = {}
-            telemetry.inject_headers(headers)
-            telemetry.inject_meta(meta)
-            assert telemetry.current_trace_id() == TRACE_ID
+            tracing.inject_headers(headers)
+            tracing.inject_meta(meta)
+            assert tracing.current_trace_id() == TRACE_ID
     finally:
-        telemetry.bind_tracer_provider(None)
+        tracing.bind_tracer_provider(None)
     assert headers["traceparent"] == TRACEPARENT
     assert meta["traceparent"] == TRACEPARENT
 
@@ -57,13 +57,13 @@ def test_incoming_trace_passes_through_when_tracing_is_off() -> None:
 def test_meta_traceparent_wins_over_the_header() -> None:
     """An MCP `_meta.traceparent` is the request's own context; it beats the HTTP header."""
     other = "00-11111111111111111111111111111111-2222222222222222-01"
-    telemetry.bind_tracer_provider(NoOpTracerProvider())
+    tracing.bind_tracer_provider(NoOpTracerProvider())
     try:
-        with telemetry.call_span(
+        with tracing.call_span(
             "tools/call echo", headers={"traceparent": other}, meta={"traceparent": TRACEPARENT}
         ):
-            assert telemetry.current_trace_id() == TRACE_ID
-        with telemetry.call_span("tools/call echo", headers={"traceparent": "garbage"}):
-            assert telemetry.current_trace_id() is None
+            assert tracing.current_trace_id() == TRACE_ID
+        with tracing.call_span("tools/call echo", headers={"traceparent": "garbage"}):
+            assert tracing.current_trace_id() is None
     finally:
-        telemetry.bind_tracer_provider(None)
+        tracing.bind_tracer_provider(None)

@@ -9,8 +9,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from policies.model import TelemetrySettings
-from proxy import metrics
-from proxy.otel_setup import TelemetryHandle, active_handle, configure_telemetry
+from proxy.telemetry import metrics
+from proxy.telemetry.sdk import TelemetryHandle, active_handle, configure_telemetry
 
 
 @pytest.fixture

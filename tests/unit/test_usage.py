@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from proxy.usage import StreamUsage, Usage, usage_from_json
+from proxy.http.usage import StreamUsage, Usage, usage_from_json
 
 
 def sse(*events: tuple[str | None, object]) -> bytes:

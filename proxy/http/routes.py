@@ -1,0 +1,200 @@
+"""The HTTP reverse proxy's route: `ANY /http/{upstream}/{path...}`.
+
+`setup_http(app)` adds the route, the per-tenant token budget, and a cleanup context that opens
+one pooled `ClientSession` per configured HTTP upstream (`auto_decompress=False`: the bytes are
+relayed as the upstream sent them; no cookie jar shared between callers; no environment proxies;
+no headers of aiohttp's own). The handler checks the request (upstream, path, attributes, body)
+and hands it to `proxy.http.pipeline.run_http_call`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from policies import answers
+from policies.answers import CODE_INVALID_REQUEST, CODE_PARSE_ERROR, Answer
+from policies.attributes import BadAttribute, read_attributes
+from policies.classify import INFERENCE_PATH, classify_http
+from policies.token_budget import TokenBudget
+from proxy.http.downstream import Downstream
+from proxy.http.paths import UnsafePath, split_route, upstream_url
+from proxy.http.pipeline import TOKEN_BUDGET, HttpCall, run_http_call
+from proxy.http.upstream import HTTP_SESSIONS
+from proxy.state import CONFIG, RUNTIME
+from proxy.telemetry import tracing
+
+__all__ = ["setup_http"]
+
+_GEN_AI_OPERATIONS = {
+    "chat/completions": "chat",
+    "responses": "chat",
+    "messages": "chat",
+    "completions": "text_completion",
+    "embeddings": "embeddings",
+}
+_MIN_CONNECTIONS = 100
+_ROUTE = "/http/{upstream}/{path}"
+
+
+def setup_http(app: web.Application) -> None:
+    """Add the HTTP proxy's route, token budget and pooled upstream sessions to `app`."""
+    app[TOKEN_BUDGET] = TokenBudget(app[CONFIG].budgets, clock=time.monotonic)
+    app.router.add_route("*", "/http/{upstream}", handle_http)
+    app.router.add_route("*", "/http/{upstream}/{path:.*}", handle_http)
+    app.cleanup_ctx.append(_upstream_sessions)
+
+
+async def _upstream_sessions(app: web.Application) -> AsyncIterator[None]:
+    sessions: dict[str, aiohttp.ClientSession] = {}
+    for name, spec in app[CONFIG].upstreams.items():
+        if spec.kind != "http":
+            continue
+        connector = aiohttp.TCPConnector(limit=max(spec.limits.max_running or 0, _MIN_CONNECTIONS))
+        sessions[name] = aiohttp.ClientSession(
+            connector=connector,
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            trust_env=False,
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            timeout=aiohttp.ClientTimeout(total=None),
+        )
+    app[HTTP_SESSIONS] = sessions
+    yield
+    await asyncio.gather(*(session.close() for session in sessions.values()))
+
+
+def _bad(reason: str, message: str, status: int = 400, code: int = CODE_INVALID_REQUEST) -> Answer:
+    return answers.bad_request(code, reason, message, http_status=status)
+
+
+def _reply(answer: Answer) -> web.Response:
+    return web.json_response(answer.http_body(), status=answer.http_status)
+
+
+async def handle_http(request: web.Request) -> web.StreamResponse:
+    """Check one request to `/http/{upstream}/...` and proxy it."""
+    config = request.app[CONFIG]
+    try:
+        name, tail = split_route(request.raw_path)
+    except UnsafePath as exc:
+        return _reply(_bad("unsafe_path", str(exc)))
+    spec = config.upstreams.get(name)
+    if spec is None or spec.kind != "http" or not spec.url:
+        return _reply(_bad("unknown_upstream", f"No HTTP upstream named {name!r}.", 404))
+    try:
+        target = upstream_url(spec.url, tail, request.rel_url.raw_query_string)
+        attrs = read_attributes(config, request.headers)
+    except UnsafePath as exc:
+        return _reply(_bad("unsafe_path", str(exc)))
+    except BadAttribute as exc:
+        return _reply(_bad("bad_attribute", str(exc)))
+    path = f"/{tail}"
+    policy = classify_http(config, name, request.method, path)
+    is_json = _is_json(request.content_type)
+    if not request.body_exists:
+        body: bytes | aiohttp.StreamReader | None = None
+    elif policy.side_effect or policy.costly or is_json or request.content_length is None:
+        # the proxy reads it (fingerprint, usage, retries), or it has no length to check up front
+        body = await _read_capped(request, config.max_body_bytes)
+        if body is None:
+            return _reply(_too_large(config.max_body_bytes))
+    elif request.content_length > config.max_body_bytes:
+        return _reply(_too_large(config.max_body_bytes))
+    else:
+        body = request.content  # streamed through untouched
+    payload: Any = None
+    if policy.costly or is_json:
+        payload, problem = _parse_json(body if isinstance(body, bytes) else b"", policy.costly)
+        if problem is not None:
+            return _reply(problem)
+    model = payload.get("model") if isinstance(payload, dict) else None
+    streaming = (isinstance(payload, dict) and payload.get("stream") is True) or (
+        "text/event-stream" in request.headers.get("Accept", "")
+    )
+    operation = _gen_ai_operation(path) if policy.costly else None
+    if operation and isinstance(model, str):
+        span_name = f"{operation} {model}"  # the GenAI convention for model calls
+    else:
+        span_name = tracing.http_span_name(request.method, _ROUTE)
+    attributes = {
+        "interlock.upstream": name,
+        "interlock.tenant": attrs.tenant,
+        "interlock.class": policy.work_class or attrs.work_class,
+        "http.request.method": request.method,
+        "http.route": _ROUTE,
+        "url.path": path,
+        "gen_ai.operation.name": operation,
+        "gen_ai.request.model": model if isinstance(model, str) else None,
+    }
+    task = asyncio.current_task()
+    runtime = request.app[RUNTIME]
+    if task is not None:
+        runtime.in_flight.add(task)
+    try:
+        with tracing.call_span(span_name, attributes=attributes, headers=request.headers) as span:
+            call = HttpCall(
+                app=request.app,
+                request=request,
+                upstream=spec,
+                target=target,
+                tool=f"{request.method} {path}",
+                attrs=attrs,
+                policy=policy,
+                body=body,
+                payload=payload,
+                deadline=time.monotonic() + attrs.deadline_s,
+                span=span,
+                downstream=Downstream(request, sse_while_waiting=streaming),
+            )
+            return await run_http_call(call)
+    finally:
+        if task is not None:
+            runtime.in_flight.discard(task)
+
+
+def _is_json(content_type: str) -> bool:
+    return content_type == "application/json" or content_type.endswith("+json")
+
+
+def _too_large(cap: int) -> Answer:
+    return _bad("body_too_large", f"The request body is larger than {cap} bytes.", 413)
+
+
+async def _read_capped(request: web.Request, cap: int) -> bytes | None:
+    """The whole request body, or None as soon as it exceeds `cap` bytes."""
+    if request.content_length is not None and request.content_length > cap:
+        return None
+    parts: list[bytes] = []
+    size = 0
+    while chunk := await request.content.readany():
+        size += len(chunk)
+        if size > cap:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _parse_json(body: bytes, must_be_object: bool) -> tuple[Any, Answer | None]:
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, _bad(
+            "invalid_json", f"The request body is not valid JSON: {exc}.", code=CODE_PARSE_ERROR
+        )
+    if must_be_object and not isinstance(payload, dict):
+        return None, _bad("invalid_request", "A model API request body must be a JSON object.")
+    return payload, None
+
+
+def _gen_ai_operation(path: str) -> str | None:
+    match = INFERENCE_PATH.search(path)
+    if match is None:
+        return None
+    return _GEN_AI_OPERATIONS.get(match.group(0).strip("/"))

@@ -1,0 +1,137 @@
+"""What the proxy knows of each upstream tool, and how it learns it.
+
+Per tool, from `tools/list` answers: its `annotations` (classification reads them) and which
+arguments its input schema mirrors into `Mcp-Param-*` headers (2026-07-28 routing headers).
+
+Annotations arrive for free when a client lists tools through the proxy (the transport records them
+with `learn_tools`). A proxy that restarted, or a client that cached its tool list, would otherwise
+leave a tool unclassified — and an unclassified tool counts as side-effecting: safe, but it is
+ledgered and it is refused when the ledger is down. So before deciding on a default, the proxy lists
+the tools of a Streamable HTTP upstream itself, once per `_REFRESH_S`, with a short timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+from aiohttp import web
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.inbound import find_invalid_x_mcp_header, x_mcp_header_map
+
+from policies.model import UpstreamSpec
+
+__all__ = [
+    "CATALOG",
+    "ParamHeaders",
+    "ToolCatalog",
+    "learn_annotations",
+    "learn_tools",
+    "param_headers",
+    "setup",
+    "tool_annotations",
+]
+
+log = logging.getLogger("interlock.tools")
+
+_REFRESH_S = 60.0
+_TIMEOUT_S = 3.0
+_MAX_PAGES = 20
+
+
+ParamHeaders = dict[tuple[str, ...], str]
+"""A tool's argument path → its `Mcp-Param-*` header token."""
+
+
+@dataclass
+class ToolCatalog:
+    """Per upstream and tool: annotations and header-mirrored arguments; when each upstream's
+    tools were last listed by the proxy itself, one lock per upstream."""
+
+    annotations: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    param_headers: dict[str, dict[str, ParamHeaders]] = field(default_factory=dict)
+    attempts: dict[str, float] = field(default_factory=dict)
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+
+CATALOG = web.AppKey("tool_catalog", ToolCatalog)
+
+
+def setup(app: web.Application) -> None:
+    app[CATALOG] = ToolCatalog()
+
+
+def tool_annotations(app: web.Application, upstream: str, tool: str) -> dict[str, Any] | None:
+    """The annotations known for `tool` (an empty dict: listed without annotations)."""
+    return app[CATALOG].annotations.get(upstream, {}).get(tool)
+
+
+def param_headers(app: web.Application, upstream: str) -> dict[str, ParamHeaders]:
+    """Tool name → its header-mirrored arguments, for one upstream (a live view)."""
+    return app[CATALOG].param_headers.setdefault(upstream, {})
+
+
+def learn_tools(app: web.Application, upstream: str, result: Mapping[str, Any]) -> int:
+    """Record each listed tool's annotations and header-mirrored arguments; returns how many.
+
+    Pages of a paginated listing add to what earlier pages taught; nothing is forgotten.
+    """
+    tools = result.get("tools")
+    if not isinstance(tools, list):
+        return 0
+    catalog = app[CATALOG]
+    annotations = catalog.annotations.setdefault(upstream, {})
+    params = catalog.param_headers.setdefault(upstream, {})
+    learned = 0
+    for tool in tools:
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            continue
+        name = tool["name"]
+        value = tool.get("annotations")
+        annotations[name] = dict(value) if isinstance(value, dict) else {}
+        schema = tool.get("inputSchema")
+        if isinstance(schema, dict) and find_invalid_x_mcp_header(schema) is None:
+            header_map = x_mcp_header_map(schema)
+            if header_map:
+                params[name] = header_map
+            else:
+                params.pop(name, None)
+        learned += 1
+    return learned
+
+
+async def learn_annotations(app: web.Application, spec: UpstreamSpec) -> None:
+    """List the upstream's tools ourselves (Streamable HTTP upstreams; at most once a minute)."""
+    if spec.kind != "mcp_http" or spec.url is None:
+        return
+    learning = app[CATALOG]
+    lock = learning.locks.setdefault(spec.name, asyncio.Lock())
+    async with lock:
+        last = learning.attempts.get(spec.name)
+        if last is not None and time.monotonic() - last < _REFRESH_S:
+            return
+        learning.attempts[spec.name] = time.monotonic()
+        try:
+            async with asyncio.timeout(_TIMEOUT_S):
+                await _list_all(app, spec)
+        except Exception as exc:  # noqa: BLE001 - learning is best effort; the default is safe
+            log.warning("%s: could not list tools to learn annotations: %s", spec.name, exc)
+
+
+async def _list_all(app: web.Application, spec: UpstreamSpec) -> None:
+    assert spec.url is not None
+    async with httpx2.AsyncClient(headers=dict(spec.headers), timeout=_TIMEOUT_S) as http:
+        transport = streamable_http_client(spec.url, http_client=http)
+        async with Client(transport, mode="auto") as client:
+            cursor: str | None = None
+            for _ in range(_MAX_PAGES):
+                page = await client.list_tools(cursor=cursor)
+                learn_tools(app, spec.name, page.model_dump(by_alias=True, exclude_none=True))
+                cursor = page.next_cursor
+                if not cursor:
+                    break

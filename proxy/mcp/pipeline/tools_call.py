@@ -1,0 +1,285 @@
+"""The `tools/call` pipeline: classify → admit → write-ahead → forward → record → answer.
+
+The MCP transport (`proxy.mcp.transport.handoff`) hands every `tools/call` request here with two
+callables: `send_upstream` forwards one JSON-RPC request and returns the upstream's final response
+message (relaying the upstream's own notifications and requests to the client meanwhile), and
+`notify` writes one message of the proxy's own (e.g. a progress notification) to the client's
+stream. Side-effecting calls continue in `proxy.mcp.pipeline.side_effects`."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from opentelemetry.trace import Span
+
+from ledger import LedgerError
+from policies import answers
+from policies.admission import AdmissionRequest
+from policies.attributes import BadAttribute, read_attributes
+from policies.classify import classify_tool
+from policies.keys import decide_key
+from proxy.errors import UpstreamLost, UpstreamNotReached, UpstreamPressure
+from proxy.mcp.catalog import learn_annotations, tool_annotations
+from proxy.mcp.pipeline.attempts import ForwardPlan, forward_with_retries
+from proxy.mcp.pipeline.context import (
+    JsonObject,
+    McpCallContext,
+    Notify,
+    OnWait,
+    SendUpstream,
+    ToolCall,
+)
+from proxy.mcp.pipeline.side_effects import run_side_effect
+from proxy.runtime.scheduler import AdmissionRefused, Slot
+from proxy.runtime.upstream_pressure import retry_cap
+from proxy.state import CONFIG, LEDGER, SCHEDULER
+from proxy.telemetry import metrics, tracing
+
+__all__ = ["McpCallContext", "Notify", "SendUpstream", "handle_tools_call"]
+
+
+def _invalid_params(request: JsonObject, reason: str, message: str) -> JsonObject:
+    answer = answers.bad_request(answers.CODE_INVALID_PARAMS, reason, message)
+    return answer.jsonrpc_error(request.get("id"))
+
+
+async def handle_tools_call(
+    ctx: McpCallContext, request: JsonObject, send_upstream: SendUpstream, notify: Notify
+) -> JsonObject:
+    """Answer one `tools/call` request (returns the JSON-RPC response message for the client).
+
+    Raises:
+        UpstreamRefused: the upstream answered a non-2xx HTTP status the transport relays as is.
+    """
+    config = ctx.app[CONFIG]
+    params = request.get("params")
+    if not isinstance(params, dict) or not isinstance(params.get("name"), str):
+        return _invalid_params(request, "invalid_params", "tools/call needs params.name")
+    raw_meta = params.get("_meta")
+    meta = raw_meta if isinstance(raw_meta, dict) else {}
+    try:
+        attrs = read_attributes(config, ctx.headers, meta)
+    except BadAttribute as exc:
+        return _invalid_params(request, f"bad_{exc.name}", str(exc))
+    tool: str = params["name"]
+    arguments = params.get("arguments") or {}
+    policy = classify_tool(
+        config, ctx.upstream.name, tool, tool_annotations(ctx.app, ctx.upstream.name, tool)
+    )
+    if policy.source == "default" and tool_annotations(ctx.app, ctx.upstream.name, tool) is None:
+        # Never listed (and no rule decides): learn the tool's annotations before defaulting.
+        await learn_annotations(ctx.app, ctx.upstream)
+        annotations = tool_annotations(ctx.app, ctx.upstream.name, tool)
+        policy = classify_tool(config, ctx.upstream.name, tool, annotations)
+    key = None
+    if policy.side_effect:  # only a side effect is ledgered, so only it needs a key
+        try:
+            key = decide_key(
+                policy.key,
+                explicit=attrs.idempotency_key,
+                tenant=attrs.tenant,
+                upstream=ctx.upstream.name,
+                tool=tool,
+                arguments=arguments,
+                run_id=attrs.run_id,
+            )
+        except (TypeError, ValueError) as exc:  # NaN, keys equal after NFC: no canonical form
+            reason = f"arguments have no canonical form: {exc}"
+            return _invalid_params(request, "invalid_arguments", reason)
+    started = time.monotonic()
+    span_attrs = {
+        "mcp.method.name": "tools/call",
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": tool,
+        "jsonrpc.request.id": str(request.get("id")),
+        "mcp.session.id": ctx.session_id,
+        "mcp.protocol.version": ctx.protocol_version,
+        "interlock.upstream": ctx.upstream.name,
+        "interlock.tenant": attrs.tenant,
+        "interlock.class": policy.work_class or attrs.work_class,
+        "interlock.side_effect": policy.side_effect,
+        "interlock.idempotency.key_hash": tracing.hash_key(
+            key.key if key else attrs.idempotency_key
+        ),
+        "interlock.idempotency.key_source": key.source if key else None,
+    }
+    with _server_span(tool, span_attrs, ctx, meta) as span:
+        deadline = started + attrs.deadline_s
+        call = ToolCall(ctx, request, tool, arguments, meta, attrs, policy, key, deadline, span)
+        return await _admit_and_run(call, send_upstream, notify)
+
+
+@contextlib.contextmanager
+def _server_span(
+    tool: str, attributes: dict[str, Any], ctx: McpCallContext, meta: JsonObject
+) -> Iterator[Span]:
+    """The transport's SERVER span of this request (one per call), or our own if there is none."""
+    current = tracing.current_span()
+    if current.is_recording():
+        tracing.set_attributes(current, attributes)
+        yield current
+        return
+    name = tracing.mcp_span_name("tools/call", tool)
+    with tracing.call_span(name, attributes=attributes, headers=ctx.headers, meta=meta) as span:
+        yield span
+
+
+def _progress(call: ToolCall, notify: Notify) -> OnWait | None:
+    token = call.meta.get("progressToken")
+    if token is None:
+        return None
+    counter = 0
+
+    async def on_wait(state: str) -> None:
+        nonlocal counter
+        counter += 1
+        # Progress must increase across the whole call, and the upstream's own notifications on
+        # the same token usually start at 0 or 1 once it runs: ours stay far below that.
+        message = {"progressToken": token, "progress": counter / 1000, "message": state}
+        await notify({"jsonrpc": "2.0", "method": "notifications/progress", "params": message})
+
+    return on_wait
+
+
+def _admission_request(call: ToolCall) -> AdmissionRequest:
+    return AdmissionRequest(
+        tenant=call.attrs.tenant,
+        work_class=call.work_class,
+        upstream=call.ctx.upstream.name,
+        run_id=call.attrs.run_id,
+        cost_class=call.policy.cost_class,
+        tool=call.tool,
+        side_effect=call.policy.side_effect,
+        deadline=call.deadline,
+        arrived_at=time.monotonic(),
+    )
+
+
+async def _admit(call: ToolCall, request: AdmissionRequest, on_wait: OnWait | None) -> Slot:
+    """Ask the scheduler for a slot. Raises AdmissionRefused."""
+    with tracing.child_span("interlock.queue") as queue_span:
+        slot = await call.ctx.app[SCHEDULER].admit(request, on_wait=on_wait)
+        queue_span.set_attribute("interlock.queue.wait_s", slot.queue_wait_s)
+    decision = "queued" if slot.decision == "queued_then_admitted" else "admitted"
+    metrics.admission(decision, call.ctx.upstream.name)
+    metrics.queue_wait(call.ctx.upstream.name, slot.queue_wait_s)
+    call.span.set_attribute("interlock.admission.decision", decision)
+    call.span.set_attribute("interlock.queue.wait_s", slot.queue_wait_s)
+    if slot.would_reject is not None:
+        refusal = slot.would_reject
+        call.span.set_attribute("interlock.would_reject", refusal.reason)
+        call.span.set_attribute("interlock.admission.decision", "observed")
+        metrics.would_reject(refusal.reason, refusal.scope, call.ctx.upstream.name)
+    return slot
+
+
+async def _refused(call: ToolCall, refused: AdmissionRefused, *, record: bool) -> JsonObject:
+    refusal = refused.refusal
+    upstream = call.ctx.upstream.name
+    call.span.set_attribute("interlock.admission.decision", "rejected")
+    call.span.set_attribute("interlock.admission.reason", refusal.reason)
+    call.span.set_attribute("interlock.admission.scope", refusal.scope)
+    if refusal.reason == "cooldown":
+        call.span.set_attribute("interlock.cooldown_s", refusal.retry_after_s)
+    metrics.refusal(refusal.reason, refusal.scope, upstream)
+    metrics.admission("rejected", upstream, refusal.reason)
+    entry_id = None
+    store = call.ctx.app[LEDGER].store
+    if record and call.policy.side_effect and store is not None:
+        try:
+            entry = await store.record_rejection(
+                call.claim_request(),
+                reason=refusal.reason,
+                scope=refusal.scope,
+                retry_after_s=refusal.retry_after_s,
+            )
+            entry_id = entry.id if entry is not None else None
+            if entry is not None:
+                call.span.set_attribute("interlock.ledger.entry_id", entry.id)
+                call.span.set_attribute("interlock.ledger.state", str(entry.state))
+        except LedgerError as exc:  # the refusal stands; only its record is missing
+            call.span.set_attribute("interlock.ledger.error", str(exc))
+    answer = answers.refused(
+        refusal.reason,
+        refusal.scope,
+        refusal.retry_after_s,
+        idempotency_key=call.idempotency_key,
+        entry_id=entry_id,
+        upstream_down=refusal.reason == "cooldown" and refusal.retry_after_s > 0,
+    )
+    return call.answer(answer)
+
+
+def _upstream_answer(call: ToolCall, exc: UpstreamNotReached | UpstreamPressure) -> JsonObject:
+    """The answer after the upstream refused or could not be reached (nothing executed)."""
+    upstream = call.ctx.upstream.name
+    remaining = call.ctx.app[SCHEDULER].cooldown_remaining(upstream)
+    reason = "upstream" if isinstance(exc, UpstreamPressure) else "upstream_unreachable"
+    metrics.refusal(reason, f"upstream:{upstream}", upstream)
+    call.span.set_attribute("interlock.admission.reason", reason)
+    return call.answer(
+        answers.refused(
+            reason,
+            f"upstream:{upstream}",
+            max(remaining, 1.0),
+            idempotency_key=call.idempotency_key,
+            upstream_down=True,
+        )
+    )
+
+
+async def _admit_and_run(call: ToolCall, send_upstream: SendUpstream, notify: Notify) -> JsonObject:
+    on_wait = _progress(call, notify)
+    admission = _admission_request(call)
+    try:
+        slot = await _admit(call, admission, on_wait)
+    except AdmissionRefused as refused:
+        return await _refused(call, refused, record=True)
+    plan = _plan(call, send_upstream, slot, admission, on_wait)
+    try:
+        if on_wait is not None and slot.queue_wait_s > 0:
+            await on_wait("running")
+        if call.policy.side_effect:
+            return await run_side_effect(call, plan)
+        return await forward_with_retries(plan)
+    except AdmissionRefused as refused:  # a retry could not be admitted again
+        return await _refused(call, refused, record=False)
+    except (UpstreamNotReached, UpstreamPressure) as exc:
+        return _upstream_answer(call, exc)
+    except UpstreamLost as exc:  # read-only: nothing to reconcile, safe to repeat
+        return call.answer(answers.upstream_failed("upstream_lost", str(exc)))
+    finally:
+        plan.slot.release()
+
+
+def _plan(
+    call: ToolCall,
+    send_upstream: SendUpstream,
+    slot: Slot,
+    admission: AdmissionRequest,
+    on_wait: OnWait | None,
+) -> ForwardPlan:
+    # Only params._meta is changed on the way up (trace context), so only that path is copied:
+    # the client's message stays as it arrived, and its arguments are shared, not deep-copied.
+    params = dict(call.request["params"])
+    meta = params.get("_meta")
+    params["_meta"] = dict(meta) if isinstance(meta, dict) else {}
+    request = {**call.request, "params": params}
+    return ForwardPlan(
+        app=call.ctx.app,
+        upstream=call.ctx.upstream,
+        request=request,
+        send_upstream=send_upstream,
+        slot=slot,
+        admission=admission,
+        side_effect=call.policy.side_effect,
+        timeout_s=call.policy.timeout_s or call.ctx.app[CONFIG].defaults.timeout_s,
+        deadline=call.deadline,
+        on_wait=on_wait,
+        span=call.span,
+        admitted_at=time.monotonic(),
+        max_attempts=retry_cap(call.policy),
+    )

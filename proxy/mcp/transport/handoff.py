@@ -1,0 +1,77 @@
+"""The hand-off of one `tools/call` from the transport to the pipeline.
+
+`run_tools_call` runs the pipeline (`proxy.mcp.pipeline.tools_call.handle_tools_call`) as its
+own task, with `send_upstream` bound to the request's upstream channel and `notify` bound to the
+client's reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from policies.model import UpstreamSpec
+from proxy.mcp.pipeline.tools_call import McpCallContext, handle_tools_call
+from proxy.mcp.transport.reply import ClientReply
+from proxy.mcp.upstreams.channels import UpstreamChannel
+from proxy.mcp.wire.jsonrpc import JsonObject, Message, dumps
+from proxy.state import RUNTIME
+
+__all__ = ["run_tools_call"]
+
+
+async def run_tools_call(
+    request: web.Request,
+    *,
+    spec: UpstreamSpec,
+    channel: UpstreamChannel,
+    message: Message,
+    raw: bytes | None,
+    reply: ClientReply,
+    gone: asyncio.Event,
+    session_id: str | None,
+    protocol_version: str | None,
+    modern: bool,
+) -> JsonObject:
+    """Run one `tools/call` through the pipeline; return the response message for the client.
+
+    The pipeline runs as its own task: if the handler is cancelled (the client left and the
+    server cancels handlers) the call still finishes and is recorded; `gone` tells it the client
+    is not listening. The task is listed in `RUNTIME.in_flight` so shutdown can drain it.
+
+    Raises:
+        UpstreamError: the pipeline let an upstream failure through (see `failure_reply`).
+    """
+    app = request.app
+    ctx = McpCallContext(
+        app,
+        spec,
+        headers=request.headers,
+        session_id=session_id,
+        protocol_version=protocol_version,
+        client_gone=gone,
+    )
+
+    async def send_upstream(outgoing: JsonObject, timeout_s: float) -> JsonObject:
+        return await channel.exchange(
+            outgoing,
+            raw=raw,
+            relay=reply,
+            timeout_s=timeout_s,
+            cancel=gone if modern else None,
+        )
+
+    async def notify(note: JsonObject) -> None:
+        await reply.message(dumps(note))
+
+    task = asyncio.create_task(handle_tools_call(ctx, message.body, send_upstream, notify))
+    runtime = app.get(RUNTIME)
+    if runtime is not None:
+        runtime.in_flight.add(task)
+        task.add_done_callback(runtime.in_flight.discard)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        gone.set()
+        raise

@@ -1,0 +1,148 @@
+"""The upstream as one client request sees it: a Streamable HTTP upstream (`HttpChannel`, carrying
+the client's allowed headers) or a stdio process (`StdioChannel`).
+
+Both offer `exchange` (a request and its final response, relaying what comes before it: one
+upstream attempt; the pipeline wraps each in its CLIENT span) and `post` (a notification or a
+response, no answer expected).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import Protocol
+
+import aiohttp
+
+from policies.model import UpstreamSpec
+from proxy.errors import UpstreamNotReached
+from proxy.mcp.catalog import ParamHeaders
+from proxy.mcp.upstreams.relay import Relay
+from proxy.mcp.upstreams.stdio import StdioProcess
+from proxy.mcp.upstreams.streamable_http import exchange_http
+from proxy.mcp.wire.headers import modern_routing_headers, upstream_request_headers
+from proxy.mcp.wire.jsonrpc import JsonObject, WireMessage, dumps
+from proxy.telemetry.tracing import inject_headers
+
+__all__ = ["HttpChannel", "StdioChannel", "UpstreamChannel"]
+
+
+class UpstreamChannel(Protocol):
+    """One client request's way to its upstream."""
+
+    async def exchange(
+        self,
+        message: JsonObject,
+        *,
+        raw: bytes | None,
+        relay: Relay,
+        timeout_s: float,
+        cancel: asyncio.Event | None = None,
+    ) -> WireMessage:
+        """Send a request, return its response (raises the `proxy.errors` tree)."""
+
+    async def post(self, message: JsonObject, raw: bytes | None) -> None:
+        """Send a notification or a response (raises `UpstreamError` if it cannot be sent)."""
+
+
+def _unchanged(message: JsonObject, raw: bytes | None) -> bool:
+    # Compared with a fresh parse: the pipeline may have edited the client's dict in place.
+    return raw is not None and json.loads(raw) == message
+
+
+class HttpChannel:
+    """A Streamable HTTP upstream, with the client's allowed headers."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        spec: UpstreamSpec,
+        client_headers: Mapping[str, str],
+        *,
+        modern: bool,
+        forward_authorization: bool,
+        param_headers: Mapping[str, ParamHeaders],
+    ) -> None:
+        self._spec = spec
+        self._modern = modern
+        self._session = session
+        self._param_headers = param_headers
+        self._headers = upstream_request_headers(
+            client_headers, spec.headers, forward_authorization=forward_authorization
+        )
+
+    def _request_headers(self, message: JsonObject, original: JsonObject | None) -> dict[str, str]:
+        headers = dict(self._headers)
+        headers["accept"] = "application/json, text/event-stream"
+        headers["content-type"] = "application/json"
+        if self._modern and original is not None and original != message:
+            tool = message.get("params", {}).get("name")
+            headers = modern_routing_headers(
+                headers, original, message, self._param_headers.get(tool)
+            )
+        inject_headers(headers)
+        return headers
+
+    async def exchange(
+        self,
+        message: JsonObject,
+        *,
+        raw: bytes | None,
+        relay: Relay,
+        timeout_s: float,
+        cancel: asyncio.Event | None = None,
+    ) -> WireMessage:
+        # Compared with a fresh parse: the pipeline may have edited the client's dict in place.
+        original = json.loads(raw) if raw is not None else None
+        body = raw if raw is not None and original == message else dumps(message)
+        return await exchange_http(
+            self._session,
+            self._spec,
+            request_id=message.get("id"),
+            body=body,
+            headers=self._request_headers(message, original),
+            relay=relay,
+            timeout_s=timeout_s,
+            cancel=cancel,
+        )
+
+    async def post(self, message: JsonObject, raw: bytes | None) -> None:
+        body = raw if raw is not None else dumps(message)
+        headers = self._request_headers(message, None)
+        assert self._spec.url is not None
+        try:
+            post = self._session.post(
+                self._spec.url, data=body, headers=headers, allow_redirects=False
+            )
+            async with post as answer:
+                await answer.read()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise UpstreamNotReached(f"{self._spec.name}: {exc!r}") from exc
+
+
+class StdioChannel:
+    """A stdio process (a session's own, or the shared modern one)."""
+
+    def __init__(self, process: StdioProcess) -> None:
+        self._process = process
+
+    async def exchange(
+        self,
+        message: JsonObject,
+        *,
+        raw: bytes | None,
+        relay: Relay,
+        timeout_s: float,
+        cancel: asyncio.Event | None = None,
+    ) -> WireMessage:
+        return await self._process.exchange(
+            message,
+            raw=raw if raw is not None and _unchanged(message, raw) else None,
+            relay=relay,
+            timeout_s=timeout_s,
+            cancel=cancel,
+        )
+
+    async def post(self, message: JsonObject, raw: bytes | None) -> None:
+        await self._process.send(message, raw)

@@ -1,0 +1,143 @@
+"""All stdio processes of the proxy: one per handshake-era session, one shared per upstream.
+
+`StdioUpstreams` spawns them (`spawn_session_process`, `shared_process`), mints session ids for
+processes whose `initialize` succeeded, finds a session's live process, ends a session on DELETE,
+reaps processes idle for `idle_s` (no call in flight, no GET stream open) or found dead, and ends
+them all on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+
+from policies.model import UpstreamSpec
+from proxy.mcp.upstreams.stdio import StdioProcess
+
+__all__ = ["SessionCapReached", "StdioUpstreams", "default_max_line_bytes"]
+
+log = logging.getLogger("interlock.mcp.stdio")
+
+
+class SessionCapReached(Exception):
+    """The upstream already has `max_sessions` live stdio sessions (one process each)."""
+
+
+class StdioUpstreams:
+    """All stdio processes of the proxy: per-session ones and one shared (modern) per upstream."""
+
+    def __init__(self, *, idle_s: float = 300.0, max_line_bytes: int = 16 * 1024 * 1024) -> None:
+        self.idle_s = idle_s
+        self._max_line = max_line_bytes
+        self._sessions: dict[str, StdioProcess] = {}
+        self._shared: dict[str, StdioProcess] = {}
+        self._shared_lock = asyncio.Lock()
+        self._reaper: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+        self._starting: dict[str, int] = {}
+
+    async def spawn_session_process(self, spec: UpstreamSpec) -> StdioProcess:
+        """A new process for a handshake-era session (register it once `initialize` succeeded).
+
+        Raises:
+            SessionCapReached: `spec.max_sessions` sessions are live (or starting) already.
+            UpstreamNotReached: the process could not be started.
+        """
+        live = sum(1 for p in self._sessions.values() if p.spec.name == spec.name and p.alive)
+        if live + self._starting.get(spec.name, 0) >= spec.max_sessions:
+            raise SessionCapReached(f"{spec.name}: {spec.max_sessions} stdio sessions are live")
+        self._starting[spec.name] = self._starting.get(spec.name, 0) + 1
+        try:
+            process = StdioProcess(spec, shared=False, max_line_bytes=self._max_line)
+            await process.start()
+        finally:
+            self._starting[spec.name] -= 1
+        return process
+
+    def register_session(self, process: StdioProcess) -> str:
+        """Mint the session id of a process whose `initialize` succeeded."""
+        session_id = secrets.token_hex(16)
+        process.session_id = session_id
+        self._sessions[session_id] = process
+        self._ensure_reaper()
+        return session_id
+
+    def session(self, spec: UpstreamSpec, session_id: str) -> StdioProcess | None:
+        """The live process of a session of `spec` (`None`: unknown, ended, other upstream's)."""
+        process = self._sessions.get(session_id)
+        if process is None or process.spec.name != spec.name:
+            return None
+        if not process.alive:
+            self._sessions.pop(session_id, None)
+            return None
+        process.last_active = time.monotonic()
+        return process
+
+    async def shared_process(self, spec: UpstreamSpec) -> StdioProcess:
+        """The modern-era process of `spec`, (re)started when needed.
+
+        Raises:
+            UpstreamNotReached: it could not be started.
+        """
+        async with self._shared_lock:
+            process = self._shared.get(spec.name)
+            if process is None or not process.alive:
+                process = StdioProcess(spec, shared=True, max_line_bytes=self._max_line)
+                await process.start()
+                self._shared[spec.name] = process
+                self._ensure_reaper()
+            process.last_active = time.monotonic()
+            return process
+
+    async def end_session(self, session_id: str) -> bool:
+        """End a session's process (DELETE); False if there was no such session."""
+        process = self._sessions.pop(session_id, None)
+        if process is None:
+            return False
+        await process.close()
+        return True
+
+    def processes(self) -> list[StdioProcess]:
+        return [*self._sessions.values(), *self._shared.values()]
+
+    def _ensure_reaper(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.create_task(self._reap_idle(), name="stdio-reaper")
+
+    async def _reap_idle(self) -> None:
+        interval = min(max(self.idle_s / 4, 0.05), 5.0)
+        while self._sessions or self._shared:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for table in (self._sessions, self._shared):
+                for key, process in list(table.items()):
+                    dead = not process.alive
+                    idle = not process.busy and now - process.last_active > self.idle_s
+                    if dead or idle:
+                        del table[key]
+                        if idle:
+                            log.info(
+                                "%s: ending idle stdio process %s", process.spec.name, process.pid
+                            )
+                        task = asyncio.create_task(process.close())
+                        self._closing.add(task)
+                        task.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        """Shutdown: end every process."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        processes = self.processes()
+        self._sessions.clear()
+        self._shared.clear()
+        await asyncio.gather(*(p.close() for p in processes), *self._closing)
+
+
+def default_max_line_bytes(max_body_bytes: int) -> int:
+    """stdout lines (tool results) may be larger than request bodies; bound them generously."""
+    return max(16 * 1024 * 1024, 4 * max_body_bytes)

@@ -1,0 +1,278 @@
+"""Streamable HTTP upstreams: one pooled `ClientSession` per upstream, raw relays and exchanges.
+
+Two ways to forward a client POST:
+
+- `relay_http` streams the upstream's answer to the client as it comes (status, allowed headers,
+  body chunks unchanged), optionally tapping the bytes to read the JSON-RPC responses inside
+  (`tools/list` annotations, the session a handshake opened). Used for everything that is not
+  `tools/call`, and for GET streams and DELETE.
+- `exchange_http` sends one request and returns its final JSON-RPC response as a `WireMessage`,
+  relaying the upstream's intermediate messages meanwhile. Used for `tools/call` (the pipeline's
+  `send_upstream`) and for batch elements. It raises the `proxy.errors` tree, mapped here in one
+  place from aiohttp's exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from policies.model import UpstreamSpec
+from proxy.errors import (
+    UpstreamLost,
+    UpstreamNotReached,
+    UpstreamPressure,
+    UpstreamRefused,
+    UpstreamTimeout,
+)
+from proxy.mcp.upstreams.relay import Relay, cancelled_when
+from proxy.mcp.wire.headers import client_response_headers
+from proxy.mcp.wire.jsonrpc import WireMessage, id_key, read_upstream_message
+from proxy.mcp.wire.sse import SSE_HEADERS, SseParser
+
+__all__ = ["PRESSURE_STATUSES", "HttpUpstreams", "ResponseTap", "exchange_http", "relay_http"]
+
+PRESSURE_STATUSES = frozenset({429, 503, 529})
+_ERROR_BODY_CAP = 64 * 1024
+_JSON_BODY_CAP = 64 * 1024 * 1024
+
+
+class HttpUpstreams:
+    """The pooled client sessions, one per Streamable HTTP upstream, opened on first use."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, aiohttp.ClientSession] = {}
+
+    def session(self, spec: UpstreamSpec) -> aiohttp.ClientSession:
+        session = self._sessions.get(spec.name)
+        if session is None or session.closed:
+            session = aiohttp.ClientSession(
+                auto_decompress=False,
+                # No total or read timeout: SSE streams live as long as the call; each exchange
+                # has its own per-attempt timeout.
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+                connector=aiohttp.TCPConnector(limit=0, force_close=False),
+                skip_auto_headers=("User-Agent",),
+            )
+            self._sessions[spec.name] = session
+        return session
+
+    async def close(self) -> None:
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            await session.close()
+
+
+@contextlib.asynccontextmanager
+async def _mapped_errors(spec: UpstreamSpec) -> AsyncIterator[None]:
+    """Translate aiohttp/OS errors into the upstream error tree (the one place that does it)."""
+    try:
+        yield
+    except (
+        aiohttp.ClientConnectorError,
+        aiohttp.ConnectionTimeoutError,
+        aiohttp.InvalidURL,
+    ) as exc:
+        raise UpstreamNotReached(f"{spec.name}: cannot connect ({exc})") from exc
+    except (aiohttp.ClientError, OSError) as exc:
+        raise UpstreamLost(f"{spec.name}: connection lost ({exc!r})") from exc
+
+
+def _is_sse(response: aiohttp.ClientResponse) -> bool:
+    return response.content_type == "text/event-stream"
+
+
+class ResponseTap:
+    """Reads the JSON-RPC responses inside bytes that are being relayed, without changing them."""
+
+    def __init__(self, on_response: Callable[[WireMessage], None], *, sse: bool) -> None:
+        self._on_response = on_response
+        self._parser = SseParser() if sse else None
+        self._json = bytearray()
+        self._overflow = False
+
+    def feed(self, chunk: bytes) -> None:
+        if self._parser is not None:
+            for event in self._parser.feed(chunk):
+                if not event.comment and event.data:
+                    self._offer(event.data)
+        elif not self._overflow:
+            self._json += chunk
+            self._overflow = len(self._json) > _JSON_BODY_CAP
+
+    def close(self) -> None:
+        if self._parser is None and self._json and not self._overflow:
+            self._offer(bytes(self._json))
+
+    def _offer(self, data: bytes | str) -> None:
+        message = read_upstream_message(data)
+        if message is not None and ("result" in message or "error" in message):
+            self._on_response(message)
+
+
+async def relay_http(
+    request: web.Request,
+    session: aiohttp.ClientSession,
+    spec: UpstreamSpec,
+    *,
+    method: str,
+    headers: Mapping[str, str],
+    body: bytes | None = None,
+    tap: Callable[[WireMessage], None] | None = None,
+    on_start: Callable[[int, Mapping[str, str]], None] | None = None,
+    gone: asyncio.Event | None = None,
+) -> web.StreamResponse:
+    """Forward one HTTP request and stream the upstream's answer back unchanged.
+
+    `tap` sees each JSON-RPC response inside the answer, `on_start` its status and headers. When
+    `gone` is set (the client left) the upstream request is aborted.
+
+    Raises:
+        UpstreamNotReached: the upstream could not be connected to (nothing was sent).
+        UpstreamLost: the connection broke before the upstream's answer started.
+    """
+    assert spec.url is not None
+    async with _mapped_errors(spec):
+        upstream = await session.request(
+            method, spec.url, data=body, headers=dict(headers), allow_redirects=False
+        )
+    async with upstream:
+        if on_start is not None:
+            on_start(upstream.status, upstream.headers)
+        out_headers = client_response_headers(upstream.headers, keep_encoding=True)
+        tapper = ResponseTap(tap, sse=_is_sse(upstream)) if tap is not None else None
+        length = upstream.content_length
+        if not _is_sse(upstream) and length is not None and length <= _JSON_BODY_CAP:
+            async with _mapped_errors(spec):
+                data = await upstream.read()
+            if tapper is not None:
+                tapper.feed(data)
+                tapper.close()
+            return web.Response(status=upstream.status, body=data, headers=out_headers)
+        if _is_sse(upstream):
+            out_headers.update(SSE_HEADERS)
+        response = web.StreamResponse(status=upstream.status, headers=out_headers)
+        await response.prepare(request)
+        try:
+            with cancelled_when(gone) as trip:
+                delivered = await _pump(upstream, response, tapper)
+        except asyncio.CancelledError:
+            if trip is not None and trip.absorb():
+                return response  # the client left: the upstream request is closed on exit
+            raise
+        if not delivered and gone is not None:
+            gone.set()
+        return response
+
+
+async def _pump(
+    upstream: aiohttp.ClientResponse, response: web.StreamResponse, tapper: ResponseTap | None
+) -> bool:
+    """Copy the upstream body to the client as it arrives; False if either side broke off."""
+    try:
+        async for chunk in upstream.content.iter_any():
+            if tapper is not None:
+                tapper.feed(chunk)
+            await response.write(chunk)
+        if tapper is not None:
+            tapper.close()
+        await response.write_eof()
+    except (ConnectionError, RuntimeError, aiohttp.ClientError, ValueError):
+        return False
+    return True
+
+
+async def exchange_http(
+    session: aiohttp.ClientSession,
+    spec: UpstreamSpec,
+    *,
+    request_id: Any,
+    body: bytes,
+    headers: Mapping[str, str],
+    relay: Relay,
+    timeout_s: float,
+    cancel: asyncio.Event | None = None,
+) -> WireMessage:
+    """POST one JSON-RPC request; return its final response, relaying what comes before it.
+
+    `cancel` (the client went away, modern era) aborts the upstream request: closing the stream
+    is the cancellation signal of the 2026-07-28 protocol. Already set, nothing is sent.
+
+    Raises:
+        UpstreamNotReached, UpstreamPressure, UpstreamRefused, UpstreamLost, UpstreamTimeout.
+    """
+    assert spec.url is not None
+    if cancel is not None and cancel.is_set():
+        raise UpstreamNotReached(f"{spec.name}: the client went away before the request was sent")
+    try:
+        with cancelled_when(cancel) as trip:
+            async with asyncio.timeout(timeout_s):
+                return await _exchange(session, spec, request_id, body, headers, relay)
+    except TimeoutError:
+        raise UpstreamTimeout(f"{spec.name}: no answer within {timeout_s:g} s") from None
+    except asyncio.CancelledError:
+        if trip is not None and trip.absorb():
+            raise UpstreamLost(
+                f"{spec.name}: the client went away; the upstream request was aborted"
+            ) from None
+        raise
+
+
+async def _exchange(
+    session: aiohttp.ClientSession,
+    spec: UpstreamSpec,
+    request_id: Any,
+    body: bytes,
+    headers: Mapping[str, str],
+    relay: Relay,
+) -> WireMessage:
+    assert spec.url is not None
+    async with _mapped_errors(spec):
+        upstream = await session.post(
+            spec.url, data=body, headers=dict(headers), allow_redirects=False
+        )
+    async with upstream:
+        if upstream.status in PRESSURE_STATUSES or upstream.status >= 300:
+            async with _mapped_errors(spec):
+                data = await upstream.content.read(_ERROR_BODY_CAP)
+            error = UpstreamPressure if upstream.status in PRESSURE_STATUSES else UpstreamRefused
+            raise error(upstream.status, dict(upstream.headers), data)
+        if upstream.status == 202:
+            raise UpstreamLost(f"{spec.name}: the request was accepted (202) but never answered")
+        async with _mapped_errors(spec):
+            if _is_sse(upstream):
+                return await _read_sse_answer(spec, upstream, request_id, relay)
+            return _json_answer(spec, await upstream.read(), request_id)
+
+
+def _json_answer(spec: UpstreamSpec, data: bytes, request_id: Any) -> WireMessage:
+    message = read_upstream_message(data)
+    if message is None or id_key(message.get("id")) != id_key(request_id):
+        raise UpstreamLost(f"{spec.name}: the JSON answer is not the response to this request")
+    return message
+
+
+async def _read_sse_answer(
+    spec: UpstreamSpec, upstream: aiohttp.ClientResponse, request_id: Any, relay: Relay
+) -> WireMessage:
+    parser = SseParser()
+    wanted = id_key(request_id)
+    async for chunk in upstream.content.iter_any():
+        for event in parser.feed(chunk):
+            if event.comment:
+                await relay.comment(event.raw)
+                continue
+            if not event.data:
+                continue  # a priming event (resumability id only)
+            message = read_upstream_message(event.data)
+            if message is None:
+                continue
+            if "method" not in message and id_key(message.get("id")) == wanted:
+                return message
+            await relay.message(message.raw)
+    raise UpstreamLost(f"{spec.name}: the event stream ended without the response")

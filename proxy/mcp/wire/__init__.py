@@ -1,0 +1,1 @@
+"""The MCP wire format, pure (no I/O): JSON-RPC messages, Server-Sent Events, headers."""

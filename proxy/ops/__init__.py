@@ -1,0 +1,2 @@
+"""The operator surface: the `interlock` CLI (`cli`, `ledger_cli`, `policy_report`, `demo`), the
+admin API (`admin`) and liveness/readiness (`health`)."""

@@ -1,0 +1,310 @@
+"""Metric instruments over the OpenTelemetry *API*; the Prometheus reader is attached at start-up.
+
+Call sites use these small functions so instrument names live in one place. Gauges of current
+state (queue depth, oldest wait, running, cooldowns, ledger entries by state) are observed at
+scrape time from the `StateReading` sources registered with `add_state_source` (see
+`proxy.telemetry.metrics_route`, which registers one per running application).
+
+Prometheus names (dots become underscores; counters get `_total`, seconds get `_seconds`):
+`interlock_admission_refusals_total{reason,scope,upstream}`, `interlock_queue_depth{scope}`,
+`interlock_queue_oldest_wait_seconds{scope}`, `interlock_running{scope}`,
+`interlock_upstream_cooldown_active{upstream}`, `interlock_ledger_entries{state}`,
+`interlock_admission_to_first_byte_seconds`, `mcp_server_operation_duration_seconds`, ...
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
+
+__all__ = [
+    "LEDGER_STATES",
+    "StateReading",
+    "StateSource",
+    "add_state_source",
+    "admission",
+    "bind_meter_provider",
+    "budget_exhausted",
+    "cooldown_started",
+    "first_byte",
+    "idempotency_outcome",
+    "operation_duration",
+    "queue_wait",
+    "refusal",
+    "retry",
+    "token_usage",
+    "would_reject",
+]
+
+_SCOPE = "interlock"
+LEDGER_STATES = ("accepted", "running", "unknown", "blocked", "succeeded", "failed", "rejected")
+"""Always exported (0 when empty) so alerts and dashboards never see a missing series."""
+
+# Latency buckets in seconds (the OTel default buckets are meant for milliseconds).
+_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# mcp.server.operation.duration buckets recommended by the MCP semantic conventions.
+_MCP_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+
+
+@dataclass(frozen=True, slots=True)
+class StateReading:
+    """Current state of one application, as the scrape-time gauges report it.
+
+    Scope names are the scheduler's (e.g. "global", "tenant:acme", "upstream:mail").
+    `ledger_entries` is None when the ledger could not be read (the gauge then reports nothing
+    rather than a wrong zero); `ledger_up` is 0 in that case.
+    """
+
+    queue_depth: Mapping[str, int] = field(default_factory=dict)
+    oldest_wait_s: Mapping[str, float] = field(default_factory=dict)
+    running: Mapping[str, int] = field(default_factory=dict)
+    cooldown_remaining_s: Mapping[str, float] = field(default_factory=dict)
+    ledger_entries: Mapping[str, int] | None = None
+    ledger_oldest_unknown_s: float | None = None
+    ledger_up: bool = True
+
+
+StateSource = Callable[[], StateReading]
+_sources: list[StateSource] = []
+_sources_lock = threading.Lock()
+
+
+def add_state_source(source: StateSource) -> Callable[[], None]:
+    """Report `source()` in the state gauges at every scrape; returns the function to remove it."""
+    with _sources_lock:
+        _sources.append(source)
+
+    def remove() -> None:
+        with _sources_lock:
+            if source in _sources:
+                _sources.remove(source)
+
+    return remove
+
+
+def _readings() -> list[StateReading]:
+    with _sources_lock:
+        sources = list(_sources)
+    return [source() for source in sources]
+
+
+def _observe(
+    pick: Callable[[StateReading], Iterable[tuple[Mapping[str, str], float]]],
+) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def callback(_options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(value, dict(attrs)) for r in _readings() for attrs, value in pick(r)]
+
+    return callback
+
+
+def _per(key: str, values: Mapping[str, float]) -> list[tuple[Mapping[str, str], float]]:
+    return [({key: name}, value) for name, value in values.items()]
+
+
+def _ledger_entries(r: StateReading) -> list[tuple[Mapping[str, str], float]]:
+    if r.ledger_entries is None:
+        return []
+    counts = dict.fromkeys(LEDGER_STATES, 0) | dict(r.ledger_entries)
+    return _per("state", counts)
+
+
+class _Instruments:
+    """Every instrument of one meter; rebuilt when the meter provider is rebound."""
+
+    def __init__(self, meter: Meter) -> None:
+        c = meter.create_counter
+        self.refusals = c("interlock.admission.refusals", "{call}", "Calls refused")
+        self.admissions = c(
+            "interlock.admission.decisions", "{call}", "Admission decisions by decision and reason"
+        )
+        self.would_reject = c(
+            "interlock.admission.would_reject", "{call}", "Observe mode: calls enforce would refuse"
+        )
+        self.retries = c(
+            "interlock.upstream.retries", "{attempt}", "Upstream attempts after the first"
+        )
+        self.budget = c("interlock.budget.exhausted", "{call}", "Calls refused for a spent budget")
+        self.cooldowns = c(
+            "interlock.upstream.cooldowns", "{event}", "Cooldowns started by upstreams"
+        )
+        self.outcomes = c(
+            "interlock.idempotency.outcomes", "{call}", "Ledger claims by idempotency outcome"
+        )
+        self.tokens = c("interlock.model.tokens", "{token}", "Model tokens by direction")
+        h = meter.create_histogram
+        self.first_byte = h(
+            "interlock.admission_to_first_byte",
+            "s",
+            "From admission to the first upstream response byte",
+            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
+        )
+        self.queue_wait = h(
+            "interlock.queue.wait",
+            "s",
+            "Time calls waited for admission",
+            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
+        )
+        self.duration = h(
+            "mcp.server.operation.duration",
+            "s",
+            "Duration of proxied MCP operations",
+            explicit_bucket_boundaries_advisory=_MCP_BUCKETS,
+        )
+        g = meter.create_observable_gauge
+        g(
+            "interlock.queue.depth",
+            [_observe(lambda r: _per("scope", r.queue_depth))],
+            "{call}",
+            "Calls waiting for admission, per scope",
+        )
+        g(
+            "interlock.queue.oldest_wait",
+            [_observe(lambda r: _per("scope", r.oldest_wait_s))],
+            "s",
+            "Age of the oldest call waiting for admission, per scope",
+        )
+        g(
+            "interlock.running",
+            [_observe(lambda r: _per("scope", r.running))],
+            "{call}",
+            "Calls admitted and not finished, per scope",
+        )
+        g(
+            "interlock.upstream.cooldown_active",
+            [
+                _observe(
+                    lambda r: _per(
+                        "upstream", {u: float(s > 0) for u, s in r.cooldown_remaining_s.items()}
+                    )
+                )
+            ],
+            "1",
+            "1 while the upstream is in cooldown after a 429/503",
+        )
+        g(
+            "interlock.upstream.cooldown_remaining",
+            [_observe(lambda r: _per("upstream", r.cooldown_remaining_s))],
+            "s",
+            "Seconds left in the upstream's cooldown",
+        )
+        g(
+            "interlock.ledger.entries",
+            [_observe(_ledger_entries)],
+            "{entry}",
+            "Ledger entries by state, read from the ledger",
+        )
+        g(
+            "interlock.ledger.oldest_unknown_age",
+            [
+                _observe(
+                    lambda r: (
+                        []
+                        if r.ledger_oldest_unknown_s is None
+                        else [({}, r.ledger_oldest_unknown_s)]
+                    )
+                )
+            ],
+            "s",
+            "Age of the oldest entry in state unknown (absent when there is none)",
+        )
+        g(
+            "interlock.ledger.up",
+            [_observe(lambda r: [({}, float(r.ledger_up))])],
+            "1",
+            "1 when the ledger could be read at the last refresh",
+        )
+
+
+# Until `proxy.telemetry.sdk` binds a provider, measurements go nowhere. The instruments are never
+# created on the global proxy meter: binding the same provider again would register them twice.
+_instruments = _Instruments(metrics.NoOpMeterProvider().get_meter(_SCOPE))
+
+
+def bind_meter_provider(provider: MeterProvider | None) -> None:
+    """Record into `provider` from now on (None: nowhere).
+
+    Called by `proxy.telemetry.sdk`; nothing else needs it.
+    """
+    global _instruments
+    _instruments = _Instruments((provider or metrics.NoOpMeterProvider()).get_meter(_SCOPE))
+
+
+def refusal(reason: str, scope: str, upstream: str) -> None:
+    """A call was refused (by admission, cooldown, budget or deadline)."""
+    _instruments.refusals.add(1, {"reason": reason, "scope": scope, "upstream": upstream})
+
+
+def admission(decision: str, upstream: str, reason: str | None = None) -> None:
+    """An admission decision: admitted | queued | rejected | observed."""
+    attrs = {"decision": decision, "upstream": upstream}
+    if reason:
+        attrs["reason"] = reason
+    _instruments.admissions.add(1, attrs)
+
+
+def would_reject(reason: str, scope: str, upstream: str) -> None:
+    """Observe mode: enforce mode would have refused this call."""
+    _instruments.would_reject.add(1, {"reason": reason, "scope": scope, "upstream": upstream})
+
+
+def retry(upstream: str) -> None:
+    """An upstream attempt after the first."""
+    _instruments.retries.add(1, {"upstream": upstream})
+
+
+def budget_exhausted(tenant: str) -> None:
+    """A call was refused because the tenant's budget is spent."""
+    _instruments.budget.add(1, {"tenant": tenant})
+
+
+def cooldown_started(upstream: str) -> None:
+    """An upstream answered 429/503 and went into cooldown."""
+    _instruments.cooldowns.add(1, {"upstream": upstream})
+
+
+def idempotency_outcome(outcome: str, upstream: str) -> None:
+    """A ledger claim's outcome: new | replayed | in_progress | mismatch | needs_reconciliation."""
+    _instruments.outcomes.add(1, {"outcome": outcome, "upstream": upstream})
+
+
+def first_byte(upstream: str, seconds: float) -> None:
+    """From admission to the first byte of the upstream's answer."""
+    _instruments.first_byte.record(seconds, {"upstream": upstream})
+
+
+def queue_wait(upstream: str, seconds: float) -> None:
+    """How long an admitted call waited in the queue."""
+    _instruments.queue_wait.record(seconds, {"upstream": upstream})
+
+
+def token_usage(upstream: str, model: str | None, input_tokens: int, output_tokens: int) -> None:
+    """Model tokens reported by a model API's usage block."""
+    base = {"upstream": upstream, "model": model or "unknown"}
+    if input_tokens:
+        _instruments.tokens.add(input_tokens, base | {"direction": "input"})
+    if output_tokens:
+        _instruments.tokens.add(output_tokens, base | {"direction": "output"})
+
+
+def operation_duration(
+    method: str,
+    upstream: str,
+    seconds: float,
+    error_type: str | None = None,
+    *,
+    tool: str | None = None,
+    transport: str | None = None,
+) -> None:
+    """`mcp.server.operation.duration` of one proxied MCP request (MCP conventions' attributes)."""
+    attrs = {"mcp.method.name": method, "upstream": upstream}
+    if error_type:
+        attrs["error.type"] = error_type
+    if tool:
+        attrs["gen_ai.tool.name"] = tool
+    if transport:
+        attrs["network.transport"] = transport
+    _instruments.duration.record(seconds, attrs)

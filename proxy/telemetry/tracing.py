@@ -1,0 +1,226 @@
+"""Tracing helpers over the OpenTelemetry *API* (the SDK is configured once: `telemetry.sdk`).
+
+Every proxied call is one SERVER span; its steps are child spans. Trace context is continued
+from the caller (W3C `traceparent` header or MCP `params._meta`) and propagated upstream.
+Idempotency keys appear only hashed (`hash_key`); arguments and results never appear.
+
+Span names: `mcp_span_name("tools/call", "send_email")` → "tools/call send_email" (MCP);
+`http_span_name("POST", "/http/{upstream}/{path}")` → "POST /http/{upstream}/{path}" (HTTP).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer, TracerProvider
+
+__all__ = [
+    "Attr",
+    "bind_tracer_provider",
+    "call_span",
+    "child_span",
+    "current_span",
+    "current_trace_id",
+    "hash_key",
+    "http_span_name",
+    "inject_headers",
+    "inject_meta",
+    "mark_error",
+    "mcp_span_name",
+    "set_attributes",
+]
+
+_SCOPE = "interlock"
+_TRACE_META_KEYS = ("traceparent", "tracestate", "baggage")
+_tracer: Tracer = trace.get_tracer(_SCOPE)
+
+
+class Attr:
+    """Attribute names: OTel MCP / GenAI / general semantic conventions, then Interlock's own."""
+
+    MCP_METHOD = "mcp.method.name"
+    MCP_SESSION_ID = "mcp.session.id"
+    MCP_PROTOCOL_VERSION = "mcp.protocol.version"
+    JSONRPC_REQUEST_ID = "jsonrpc.request.id"
+    GEN_AI_OPERATION = "gen_ai.operation.name"  # "execute_tool" | "chat"
+    GEN_AI_TOOL = "gen_ai.tool.name"
+    GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+    GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+    GEN_AI_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+    GEN_AI_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+    ERROR_TYPE = "error.type"
+    SERVER_ADDRESS = "server.address"
+    SERVER_PORT = "server.port"
+    NETWORK_TRANSPORT = "network.transport"
+    HTTP_METHOD = "http.request.method"
+    HTTP_ROUTE = "http.route"
+    HTTP_STATUS = "http.response.status_code"
+    UPSTREAM = "interlock.upstream"
+    TENANT = "interlock.tenant"
+    WORK_CLASS = "interlock.class"
+    ADMISSION_DECISION = "interlock.admission.decision"  # admitted|queued|rejected|observed
+    ADMISSION_REASON = "interlock.admission.reason"
+    ADMISSION_SCOPE = "interlock.admission.scope"
+    QUEUE_WAIT_S = "interlock.queue.wait_s"
+    ATTEMPT = "interlock.attempt"
+    LEDGER_ENTRY_ID = "interlock.ledger.entry_id"
+    LEDGER_STATE = "interlock.ledger.state"
+    IDEMPOTENCY_OUTCOME = "interlock.idempotency.outcome"  # new|replayed|in_progress|mismatch|...
+    IDEMPOTENCY_KEY_HASH = "interlock.idempotency.key_hash"
+    COOLDOWN_S = "interlock.cooldown_s"
+    WOULD_REJECT = "interlock.would_reject"
+
+
+def bind_tracer_provider(provider: TracerProvider | None) -> None:
+    """Make this module's spans come from `provider` (None: the process-global provider).
+
+    Called by `proxy.telemetry.sdk`; nothing else needs it.
+    """
+    global _tracer
+    _tracer = (provider or trace.get_tracer_provider()).get_tracer(_SCOPE)
+
+
+def mcp_span_name(method: str, target: str | None = None) -> str:
+    """`{mcp.method.name} {target}` (a tool, prompt or resource name), per the MCP conventions."""
+    return f"{method} {target}" if target else method
+
+
+def http_span_name(method: str, route: str | None = None) -> str:
+    """`{method} {route}` for an HTTP server span, per the HTTP conventions."""
+    return f"{method.upper()} {route}" if route else method.upper()
+
+
+def _incoming_context(
+    headers: Mapping[str, str] | None, meta: Mapping[str, Any] | None
+) -> otel_context.Context | None:
+    carrier: dict[str, str] = {}
+    if meta:
+        carrier.update({k: meta[k] for k in _TRACE_META_KEYS if isinstance(meta.get(k), str)})
+    if headers and "traceparent" not in carrier:
+        # aiohttp's CIMultiDictProxy is case-insensitive; a plain dict may not be
+        lowered = {k.lower(): v for k, v in headers.items() if k.lower() in _TRACE_META_KEYS}
+        carrier.update(lowered)
+    if "traceparent" not in carrier:
+        return None
+    ctx = propagate.extract(carrier)
+    return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
+
+
+@contextmanager
+def call_span(
+    name: str,
+    *,
+    attributes: Mapping[str, Any] | None = None,
+    headers: Mapping[str, str] | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> Iterator[Span]:
+    """The SERVER span of one proxied request, continuing the caller's trace if it sent one.
+
+    An exception leaving the block sets `error.type` (its class name) and an error status.
+    """
+    parent = _incoming_context(headers, meta)
+    with (
+        _tracer.start_as_current_span(
+            name,
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=_clean(attributes),
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span,
+        _errors_marked(span),
+    ):
+        yield span
+
+
+@contextmanager
+def child_span(
+    name: str,
+    *,
+    attributes: Mapping[str, Any] | None = None,
+    kind: SpanKind = SpanKind.INTERNAL,
+) -> Iterator[Span]:
+    """A step of the current call (queue wait, ledger write, an upstream attempt).
+
+    An exception leaving the block sets `error.type` (its class name) and an error status. When the
+    call's span is not being recorded (tracing off, or not sampled) no child is made at all: the
+    steps run on every proxied call, and a no-op span still costs.
+    """
+    parent = trace.get_current_span()
+    if not parent.is_recording():
+        yield parent
+        return
+    with (
+        _tracer.start_as_current_span(
+            name,
+            kind=kind,
+            attributes=_clean(attributes),
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span,
+        _errors_marked(span),
+    ):
+        yield span
+
+
+@contextmanager
+def _errors_marked(span: Span) -> Iterator[None]:
+    """An exception leaving the block sets the span's `error.type` and ERROR status."""
+    try:
+        yield
+    except BaseException as exc:
+        mark_error(span, type(exc).__qualname__)
+        raise
+
+
+def current_span() -> Span:
+    """The span of the current context (a non-recording span when there is none)."""
+    return trace.get_current_span()
+
+
+def set_attributes(span: Span, attributes: Mapping[str, Any]) -> None:
+    """Set the attributes whose value is not None (None means "does not apply")."""
+    cleaned = _clean(attributes)
+    if cleaned and span.is_recording():
+        span.set_attributes(cleaned)
+
+
+def mark_error(span: Span, error_type: str, description: str | None = None) -> None:
+    """Mark a span failed: `error.type` plus an ERROR status (description: never user data)."""
+    if span.is_recording():
+        span.set_attribute(Attr.ERROR_TYPE, error_type)
+        span.set_status(StatusCode.ERROR, description)
+
+
+def inject_headers(headers: MutableMapping[str, str]) -> None:
+    """Write the current trace context as W3C headers (for an upstream request)."""
+    propagate.inject(headers)
+
+
+def inject_meta(meta: MutableMapping[str, Any]) -> None:
+    """Write the current trace context into an MCP `params._meta` object."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    for key in _TRACE_META_KEYS:
+        if key in carrier:
+            meta[key] = carrier[key]
+
+
+def current_trace_id() -> str | None:
+    """The 32-hex trace id of the current span, if it is recording a valid trace."""
+    ctx = trace.get_current_span().get_span_context()
+    return format(ctx.trace_id, "032x") if ctx.is_valid else None
+
+
+def hash_key(key: str | None) -> str | None:
+    """Idempotency keys appear in telemetry only hashed (first 16 hex of sha256)."""
+    return None if key is None else hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _clean(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {k: v for k, v in (attributes or {}).items() if v is not None}
