@@ -14,7 +14,7 @@ import json
 import operator
 import secrets
 from dataclasses import dataclass, field, fields
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from ledger.states import EntryState
@@ -127,6 +127,8 @@ class Needs:
     keys: set[tuple[str, str, str]] = field(default_factory=set)
     """(tenant, upstream, idempotency key) triples."""
     sweep_limit: int = 0
+    purge: tuple[timedelta, int] | None = None
+    """(age, limit): up to `limit` closed rows unchanged for `age` may be deleted."""
 
 
 @dataclass(slots=True)
@@ -141,6 +143,10 @@ class WorkingSet:
     dirty: set[str] = field(default_factory=set)
     """Loaded rows this batch changes."""
     history: list[dict[str, Any]] = field(default_factory=list)
+    purgeable: list[str] = field(default_factory=list)
+    """Ids of closed rows old enough to purge (not loaded as rows)."""
+    deleted: set[str] = field(default_factory=set)
+    """Ids of rows this batch deletes."""
     loaded: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     """Column values of each loaded row as read, to write back only what changed."""
     _by_key: dict[tuple[str, str, str], str] = field(default_factory=dict)

@@ -1,9 +1,11 @@
-"""Operations that decide an entry's fate without its owner: the operator's resolve and the
-sweeper that turns expired leases into `unknown` (see `ledger.operations` for the model)."""
+"""Operations that decide an entry's fate without its owner: the operator's resolve, the
+sweeper that turns expired leases into `unknown`, and retention's purge (see
+`ledger.operations` for the model)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Literal
 
 from ledger.batch import EntryRow, Needs, OpContext, WorkingSet
@@ -12,7 +14,7 @@ from ledger.operations import DEFAULT_MAX_ATTEMPTS, _expire_if_lapsed, _get
 from ledger.states import NEEDS_RECONCILIATION, TERMINAL, EntryState, check_transition
 from ledger.views import EntryView
 
-__all__ = ["Resolve", "Sweep"]
+__all__ = ["Purge", "Resolve", "Sweep"]
 
 _S = EntryState
 
@@ -108,3 +110,21 @@ class Sweep:
             if _expire_if_lapsed(ws, ws.rows[entry_id], ctx, actor=f"sweeper:{ctx.owner}"):
                 swept += 1
         return swept
+
+
+@dataclass(frozen=True, slots=True)
+class Purge:
+    """Delete up to `limit` closed entries (succeeded, failed, rejected) unchanged for
+    `older_than` by the database's clock; returns how many. Rows another operation of the same
+    batch uses are left for a later purge."""
+
+    older_than: timedelta
+    limit: int
+
+    def declare(self, needs: Needs) -> None:
+        needs.purge = (self.older_than, self.limit)
+
+    def apply(self, ws: WorkingSet, ctx: OpContext) -> int:
+        doomed = {i for i in ws.purgeable if i not in ws.rows} - ws.deleted
+        ws.deleted |= doomed
+        return len(doomed)

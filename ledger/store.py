@@ -3,6 +3,10 @@
 Writes go through the group-commit writer (one transaction and one fsync per batch); reads use
 their own short connection each. Every method that touches the database raises
 `LedgerUnavailable` when it cannot, so callers fail closed on one exception type.
+
+Times the ledger decides with (leases, their expiry, the dedup window, retention) come from the
+database's clock, read inside each write transaction: replicas whose own clocks disagree still
+agree on when a lease ends.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from ledger.operations import (
     ReleaseUnsent,
     Renew,
 )
-from ledger.reconcile_ops import Resolve, Sweep
+from ledger.reconcile_ops import Purge, Resolve, Sweep
 from ledger.states import EntryState
 from ledger.views import ClaimRequest, ClaimResult, EntryView, TransitionView
 from ledger.writer import GroupCommitWriter, WriterStats
@@ -37,6 +41,7 @@ from policies.model import LedgerSettings
 __all__ = ["LedgerStore", "utcnow"]
 
 _GROUP_COMMIT_MAX_BATCH = 256
+_PURGE_BATCH = 500  # rows deleted per transaction: the write lock is never held for long
 
 
 def utcnow() -> datetime:
@@ -53,14 +58,13 @@ class LedgerStore:
         settings: LedgerSettings,
         *,
         owner: str,
-        clock: Callable[[], datetime],
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         self._engines = engines
         self._settings = settings
         self._owner = owner
-        self._clock = clock
         max_batch = _GROUP_COMMIT_MAX_BATCH if settings.group_commit else 1
-        self._writer = GroupCommitWriter(engines, self._context, max_batch=max_batch)
+        self._writer = GroupCommitWriter(engines, self._context, max_batch=max_batch, clock=clock)
         self._closed = False
 
     @classmethod
@@ -70,7 +74,7 @@ class LedgerStore:
         *,
         owner: str,
         migrate: bool = True,
-        clock: Callable[[], datetime] = utcnow,
+        clock: Callable[[], datetime] | None = None,
     ) -> LedgerStore:
         """Connect, migrate the schema to head (or with `migrate=False` check it is there).
 
@@ -78,11 +82,14 @@ class LedgerStore:
 
         `owner` is this replica's id: it owns the leases of the entries it claims.
 
+        `clock` stands in for the database's clock (tests); by default every write takes its
+        time from the database, never from this replica's wall clock.
+
         Raises:
             LedgerUnavailable: the database cannot be reached, or its schema is not current.
             LedgerError: the URL is not usable.
         """
-        if clock().utcoffset() is None:
+        if clock is not None and clock().utcoffset() is None:
             raise LedgerError("the ledger clock must return timezone-aware datetimes")
         path = sqlite_file(settings.url)
         if not migrate and path is not None and not path.exists():
@@ -233,16 +240,26 @@ class LedgerStore:
         """
         return await self._writer.submit(Sweep(limit))
 
-    async def purge(self, *, older_than: timedelta | None = None) -> int:
+    async def purge(
+        self, *, older_than: timedelta | None = None, batch_size: int = _PURGE_BATCH
+    ) -> int:
         """Delete succeeded, failed and rejected entries unchanged for `older_than`.
 
         The default is `retention_h`. Their keys become free again. Open entries (accepted,
-        running, unknown, blocked) are never purged. Returns the number deleted.
+        running, unknown, blocked) are never purged. Deletes `batch_size` entries per write
+        transaction, queued with every other write, so claims and finishes go on meanwhile.
+        Returns the number deleted.
+
+        Raises:
+            LedgerUnavailable: a batch could not be deleted (those before it were).
         """
         age = older_than if older_than is not None else timedelta(hours=self._settings.retention_h)
-        with translate_errors("purge"):
-            async with self._engines.write.begin() as conn:
-                return await queries.purge(conn, before=self._clock() - age)
+        total = 0
+        while True:
+            deleted = await self._writer.submit(Purge(age, batch_size))
+            total += deleted
+            if deleted < batch_size:
+                return total
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -306,9 +323,14 @@ class LedgerStore:
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _context(self) -> OpContext:
+    @property
+    def writer_restarts(self) -> int:
+        """How many times the group-commit writer died and was started again."""
+        return self._writer.restarts
+
+    def _context(self, now: datetime) -> OpContext:
         return OpContext(
-            now=self._clock(),
+            now=now,
             owner=self._owner,
             lease_s=self._settings.lease_s,
             max_outcome_bytes=self._settings.max_outcome_bytes,
