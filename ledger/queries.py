@@ -128,8 +128,6 @@ def flush(conn: sa.Connection, ws: WorkingSet, *, dialect: str) -> bool:
     Returns False, having written only part of the batch, when another transaction committed one
     of the new keys first: the caller rolls back and runs the batch again, which then sees it.
     """
-    if ws.new_ids and not _insert_new(conn, ws, dialect):
-        return False
     by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for row_id in sorted(ws.dirty):
         changes = ws.changes(row_id)
@@ -138,6 +136,9 @@ def flush(conn: sa.Connection, ws: WorkingSet, *, dialect: str) -> bool:
         by_columns.setdefault(tuple(changes), []).append(params)
     for columns, params_list in by_columns.items():
         conn.execute(_update_statement(columns), params_list)
+    # After the updates: a row whose key a new row takes over has given it up by now.
+    if ws.new_ids and not _insert_new(conn, ws, dialect):
+        return False
     if ws.history:
         conn.execute(sa.insert(TRANSITIONS), ws.history)
     if ws.deleted:

@@ -23,8 +23,10 @@ _S = EntryState
 class Resolve:
     """An operator's reconciliation: succeeded, failed, or retry (a new attempt, same key).
 
-    A retry of an entry that has already used `max_attempts` attempts blocks it instead (from
-    unknown or failed); a blocked entry is retried only with a larger `max_attempts`.
+    The operator's retry budget is `max_attempts` attempts: the first and `max_attempts - 1`
+    operator retries. A retry past it blocks the entry instead (from unknown or failed); a blocked
+    entry is retried only with a larger `max_attempts`. The proxy's own hand-overs of attempts
+    that certainly did not run (rejected → running) are not counted.
     """
 
     entry_id: str
@@ -44,6 +46,7 @@ class Resolve:
             target = self._retry_target(row, before)
             evidence |= {
                 "max_attempts": self.max_attempts,
+                "operator_retries": row.operator_retries,
                 "previous_error": row.error,
                 "previous_outcome_sha256": row.outcome_hash,
             }
@@ -63,6 +66,7 @@ class Resolve:
         row.lease_expires_at = None
         if target is _S.ACCEPTED:
             row.owner = None  # waits for the caller's next send (see Claim)
+            row.operator_retries += 1
         if target in TERMINAL:
             row.finished_at = ctx.now
         ws.touch(row, ctx.now)
@@ -81,14 +85,15 @@ class Resolve:
             raise IllegalTransition(
                 row.id, before, _S.ACCEPTED, "only unknown, failed or blocked entries are retried"
             )
-        if row.attempt < self.max_attempts:
+        used = 1 + row.operator_retries
+        if used < self.max_attempts:
             return _S.ACCEPTED
         if before is _S.BLOCKED:
             raise IllegalTransition(
                 row.id,
                 before,
                 _S.ACCEPTED,
-                f"retry budget spent ({row.attempt} of {self.max_attempts} attempts); "
+                f"retry budget spent ({used} of {self.max_attempts} attempts); "
                 "resolve as succeeded or failed, or allow more attempts",
             )
         return _S.BLOCKED
