@@ -11,6 +11,7 @@ agree on when a lease ends.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -22,6 +23,7 @@ from ledger import queries
 from ledger.batch import OpContext
 from ledger.db import Engines, open_engines, sqlite_file, translate_errors
 from ledger.errors import LedgerError, LedgerUnavailable
+from ledger.finishing import BackgroundFinishes
 from ledger.migrate import HEAD_REVISION, current_revision, upgrade
 from ledger.operations import (
     DEFAULT_MAX_ATTEMPTS,
@@ -41,6 +43,7 @@ from policies.model import LedgerSettings
 __all__ = ["LedgerStore", "utcnow"]
 
 _GROUP_COMMIT_MAX_BATCH = 256
+_FINISH_DRAIN_S = 10.0  # how long close() lets background finishes land
 _PURGE_BATCH = 500  # rows deleted per transaction: the write lock is never held for long
 
 
@@ -65,6 +68,7 @@ class LedgerStore:
         self._owner = owner
         max_batch = _GROUP_COMMIT_MAX_BATCH if settings.group_commit else 1
         self._writer = GroupCommitWriter(engines, self._context, max_batch=max_batch, clock=clock)
+        self._finishing = BackgroundFinishes()
         self._closed = False
 
     @classmethod
@@ -108,9 +112,11 @@ class LedgerStore:
         return cls(engines, settings, owner=owner, clock=clock)
 
     async def close(self) -> None:
-        """Commit what is queued, then release every connection."""
+        """Let background finishes land (bounded), commit what is queued, then release every
+        connection."""
         if self._closed:
             return
+        await self._finishing.drain(_FINISH_DRAIN_S)
         self._closed = True
         try:
             await self._writer.close()
@@ -170,6 +176,35 @@ class LedgerStore:
         if state not in ("succeeded", "failed"):
             raise ValueError(f"finish state must be succeeded or failed, not {state!r}")
         return await self._writer.submit(Finish(entry_id, token, state, outcome, error))
+
+    def finish_in_background(
+        self,
+        entry_id: str,
+        token: int,
+        *,
+        state: Literal["succeeded", "failed"],
+        outcome: bytes | None,
+        error: str | None = None,
+        until: float,
+    ) -> asyncio.Task[EntryView]:
+        """`finish`, retried in a task of its own while the ledger cannot be written, until it
+        commits or the event loop's time passes `until` (when the lease would lapse): the caller
+        need not wait for it. A finish that never lands is logged at ERROR with the entry id.
+
+        The task's result is the finished entry; it raises what `finish` raises (after the
+        retries, `LedgerUnavailable`). `close()` waits for these tasks, within a bound.
+        """
+        if state not in ("succeeded", "failed"):
+            raise ValueError(f"finish state must be succeeded or failed, not {state!r}")
+
+        async def attempt() -> EntryView:
+            return await self.finish(entry_id, token, state=state, outcome=outcome, error=error)
+
+        async def landed() -> EntryView | None:
+            entry, _ = await self.get(entry_id)
+            return entry if (entry.state, entry.fencing_token) == (state, token) else None
+
+        return self._finishing.start(attempt, landed, entry_id=entry_id, until=until)
 
     async def mark_unknown(self, entry_id: str, token: int, *, reason: str) -> EntryView:
         """The owner no longer knows whether the call took effect: running → unknown.
