@@ -59,6 +59,7 @@ MUTANTS = (
             "test_two_processes_racing_rejected_keys_start_each_once",
             "tests/integration/test_ledger_concurrency.py::"
             "test_two_processes_racing_operator_retried_keys_start_each_once",
+            "tests/acceptance/test_replica_races.py",
         ),
         why="claim and finish decide on rows another replica may be changing",
     ),
