@@ -7,16 +7,11 @@ commits; only then does it resolve the futures, so a caller never hears "done" b
 is durable. With `max_batch=1` this is one commit per write, the baseline the benchmark compares
 against.
 
-When a batch fails (`ledger.faults`): an operation the ledger refuses (stale token, illegal
-transition) fails only its own caller; a transient database error (busy, locked, serialization,
-deadlock, a connection lost before COMMIT) reruns the batch, a few times with backoff; a statement
-the database refuses because of one operation's values reruns the batch in halves until that one
-operation is found, and only it fails; only a database that cannot be written fails everyone.
-
-A connection lost during COMMIT leaves the outcome unknown to the writer; its callers get
-`LedgerUnavailable` and the batch is not rerun. The proxy then fails closed, and a claim that did
-commit is found by the sweeper when its lease expires: the ledger errs towards `unknown`, never
-towards a repeat.
+An operation the ledger refuses (stale token, illegal transition) fails only its own caller. A
+failed transaction is rerun as `ledger.faults` classifies it: whole after a transient error (a
+few times, with backoff), in halves when one operation's values were refused (so only that one
+fails), never after a connection lost during COMMIT (its callers get `LedgerUnavailable`; a claim
+that did commit is found by the sweeper when its lease expires: `unknown`, never a repeat).
 
 A caller that is cancelled before the writer reaches its operation is skipped. One cancelled after
 that may still be committed: for a claim, the entry is then running with nobody behind it, and its
