@@ -34,7 +34,14 @@ from proxy.errors import (
 from proxy.http.attempts import CLIENT_GONE, admit, cooldown_remaining, forward, relay
 from proxy.http.context import HttpCall
 from proxy.http.outcomes import encode_outcome, replay_response
-from proxy.runtime.leases import AttemptNotClaimed, Lease, claim_refusal, keep_lease, next_attempt
+from proxy.runtime.leases import (
+    AttemptNotClaimed,
+    Lease,
+    claim_refusal,
+    keep_lease,
+    next_attempt,
+    record_finish,
+)
 from proxy.runtime.scheduler import AdmissionRefused
 from proxy.state import CONFIG, LEDGER
 from proxy.telemetry import metrics, tracing
@@ -333,9 +340,7 @@ class _EntryRecorder:
     async def finish(self, outcome: bytes, *, failed: bool = False) -> None:
         state: Literal["succeeded", "failed"] = "failed" if failed else "succeeded"
         lease = self._lease
-        await self._write(
-            state, self._store.finish(lease.entry_id, lease.token, state=state, outcome=outcome)
-        )
+        await self._write(state, record_finish(self._store, lease, state=state, outcome=outcome))
 
     async def unknown(self, reason: str) -> None:
         lease = self._lease

@@ -30,7 +30,14 @@ from proxy.errors import (
 from proxy.mcp.pipeline.attempts import ForwardPlan, forward_with_retries
 from proxy.mcp.pipeline.context import JsonObject, ToolCall
 from proxy.mcp.pipeline.outcomes import decode_replay, encode_outcome, outcome_state
-from proxy.runtime.leases import AttemptNotClaimed, Lease, claim_refusal, keep_lease, next_attempt
+from proxy.runtime.leases import (
+    AttemptNotClaimed,
+    Lease,
+    claim_refusal,
+    keep_lease,
+    next_attempt,
+    record_finish,
+)
 from proxy.runtime.scheduler import AdmissionRefused
 from proxy.state import CONFIG, LEDGER, SCHEDULER
 from proxy.telemetry import metrics, tracing
@@ -200,9 +207,9 @@ async def _record(
         with tracing.child_span(
             "interlock.ledger.finish", attributes={"interlock.ledger.state": state}
         ):
-            await store.finish(
-                lease.entry_id,
-                lease.token,
+            await record_finish(
+                store,
+                lease,
                 state="failed" if state == "failed" else "succeeded",
                 outcome=encode_outcome(response),
                 error=json.dumps(error)[:2000] if error is not None else None,
