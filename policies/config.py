@@ -179,6 +179,8 @@ def _build_upstream(
         timeout_s=up.timeout_s,
         retry=RetrySettings(**up.retry.model_dump()),
         max_sessions=up.max_sessions,
+        provider=up.kind,
+        not_executed_statuses=frozenset(up.not_executed_statuses),
     )
 
 

@@ -19,6 +19,7 @@ PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 WorkClassName = Literal["critical", "interactive", "background", "bulk"]
+HttpStatus = Annotated[int, Field(ge=400, le=599, strict=True)]
 
 
 class _Strict(BaseModel):
@@ -87,6 +88,8 @@ class UpstreamIn(_Strict):
     timeout_s: PositiveFloat | None = None
     retry: RetryIn = RetryIn()
     max_sessions: PositiveInt = 32
+    kind: Literal["openai", "anthropic", "generic"] = "generic"
+    not_executed_statuses: list[HttpStatus] = Field(default_factory=list)
 
 
 class KeyFieldsIn(_Strict):

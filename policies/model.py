@@ -21,6 +21,7 @@ __all__ = [
     "LedgerSettings",
     "Limits",
     "Mode",
+    "ProviderKind",
     "RejectAs",
     "RetrySettings",
     "TelemetrySettings",
@@ -35,6 +36,7 @@ WORK_CLASSES: tuple[WorkClass, ...] = ("critical", "interactive", "background", 
 Mode = Literal["enforce", "observe"]
 RejectAs = Literal["error", "tool_error"]
 UpstreamKind = Literal["mcp_http", "mcp_stdio", "http"]
+ProviderKind = Literal["openai", "anthropic", "generic"]
 KeyMode = Literal["explicit", "derived", "none", "fields"]
 
 
@@ -129,6 +131,12 @@ class UpstreamSpec:
     retry: RetrySettings = RetrySettings()
     max_sessions: int = 32
     """stdio upstreams: live handshake-era sessions (one process each) at most."""
+    provider: ProviderKind = "generic"
+    """The config key `kind`: which model API an HTTP upstream speaks. Only `openai` and
+    `anthropic` upstreams have inference endpoints (and 503/529 that prove "not executed")."""
+    not_executed_statuses: frozenset[int] = frozenset()
+    """Statuses by which this upstream says a request was not executed, besides 429 (and the
+    providers' 503/529)."""
 
     @property
     def is_mcp(self) -> bool:

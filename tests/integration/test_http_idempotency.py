@@ -6,7 +6,6 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import openai
@@ -15,24 +14,11 @@ import pytest
 from tests import ledger_fixtures
 from tests.integration import fake_provider
 from tests.integration.fake_provider import FakeProvider, wait_until
+from tests.integration.http_calls import post, settled
 from tests.integration.proxy_harness import RunningProxy, running_proxy
 
 ledger_backend = ledger_fixtures.ledger_backend
 ledger_url = ledger_fixtures.ledger_url
-
-BOUNDED_S = 10.0
-
-
-async def settled(proxy: RunningProxy, key: str, state: str) -> Any:
-    """The entry once it reaches `state`: the outcome is recorded right after the last byte is
-    relayed, so a test reading the ledger the moment its response ends may be a little early."""
-    deadline = asyncio.get_running_loop().time() + BOUNDED_S
-    while True:
-        entry, _ = await proxy.store.get(key)
-        if entry.state == state or asyncio.get_running_loop().time() > deadline:
-            return entry
-        await asyncio.sleep(0.01)
-
 
 ACTIONS = "/http/fake/v1/actions"
 
@@ -44,6 +30,7 @@ def config(provider: FakeProvider, ledger: str, extra: str = "") -> str:
         upstreams:
           fake:
             http: "{provider.url}"
+            kind: openai
             retry: {{max_attempts: 3, base_delay_s: 0.01}}
         {extra}
         """
@@ -56,24 +43,6 @@ provider = fake_provider.provider
 async def proxy(provider: FakeProvider, tmp_path: Path) -> AsyncIterator[RunningProxy]:
     async with running_proxy(config(provider, "sqlite:///ledger.db"), tmp_path) as running:
         yield running
-
-
-async def post(
-    proxy: RunningProxy,
-    body: Any,
-    key: str | None = None,
-    path: str = ACTIONS,
-    headers: dict[str, str] | None = None,
-) -> tuple[int, dict[str, str], bytes]:
-    all_headers = {"Idempotency-Key": key} if key else {}
-    all_headers.update(headers or {})
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(f"{proxy.base}{path}", json=body, headers=all_headers) as response,
-    ):
-        async with asyncio.timeout(BOUNDED_S):
-            content = await response.read()
-        return response.status, dict(response.headers), content
 
 
 async def test_duplicate_delivery_executes_once(

@@ -13,7 +13,11 @@ def _config(*rules: ToolRule, upstream_timeout: float | None = None) -> Config:
         "mail": UpstreamSpec(
             "mail", "mcp_http", url="http://127.0.0.1:9/mcp", timeout_s=upstream_timeout
         ),
-        "openai": UpstreamSpec("openai", "http", url="http://127.0.0.1:9"),
+        "openai": UpstreamSpec("openai", "http", url="http://127.0.0.1:9", provider="openai"),
+        "anthropic": UpstreamSpec(
+            "anthropic", "http", url="http://127.0.0.1:9", provider="anthropic"
+        ),
+        "generic": UpstreamSpec("generic", "http", url="http://127.0.0.1:9"),
     }
     return Config(upstreams=upstreams, tools=rules, defaults=Defaults(timeout_s=30.0))
 
@@ -89,27 +93,64 @@ def test_timeout_falls_back_from_rule_to_upstream_to_default() -> None:
 
 
 @pytest.mark.parametrize(
-    ("method", "path", "side_effect", "costly"),
+    ("upstream", "method", "path", "side_effect", "costly"),
     [
-        ("GET", "/v1/models", False, False),
-        ("head", "/v1/models", False, False),
-        ("POST", "/v1/files", True, False),
-        ("DELETE", "/v1/files/abc", True, False),
-        ("POST", "/v1/chat/completions", False, True),
-        ("POST", "/chat/completions", False, True),
-        ("POST", "/v1/completions", False, True),
-        ("POST", "/v1/responses", False, True),
-        ("POST", "/v1/messages", False, True),
-        ("POST", "/v1/embeddings?x=1", False, True),
-        ("POST", "/openai/deployments/gpt/chat/completions", False, True),
-        ("POST", "/v1/messages/batches", True, False),
-        ("GET", "/v1/responses", False, False),
+        ("openai", "GET", "/v1/models", False, False),
+        ("openai", "head", "/v1/models", False, False),
+        ("openai", "POST", "/v1/files", True, False),
+        ("openai", "DELETE", "/v1/files/abc", True, False),
+        ("openai", "POST", "/v1/chat/completions", False, True),
+        ("openai", "POST", "/v1/completions", False, True),
+        ("openai", "POST", "/v1/responses", False, True),
+        ("openai", "POST", "/v1/embeddings?x=1", False, True),
+        ("openai", "GET", "/v1/responses", False, False),
+        ("anthropic", "POST", "/v1/messages", False, True),
+        ("anthropic", "POST", "/v1/messages/count_tokens", False, True),
+        ("anthropic", "POST", "/v1/messages/batches", True, False),
+        ("anthropic", "POST", "/v1/chat/completions", True, False),
     ],
 )
-def test_http_defaults(method: str, path: str, side_effect: bool, costly: bool) -> None:
-    """GET/HEAD read-only; inference costly, not side-effecting; everything else side-effecting."""
-    result = classify_http(_config(), "openai", method, path)
+def test_http_defaults(
+    upstream: str, method: str, path: str, side_effect: bool, costly: bool
+) -> None:
+    """GET/HEAD read-only; a provider's inference endpoints costly, not side-effecting;
+    everything else side-effecting."""
+    result = classify_http(_config(), upstream, method, path)
     assert (result.side_effect, result.costly, result.source) == (side_effect, costly, "default")
+
+
+@pytest.mark.parametrize(
+    ("upstream", "path"),
+    [
+        ("openai", "/v1/threads/t1/messages"),
+        ("openai", "/v1/messages"),
+        ("openai", "/chat/completions"),
+        ("openai", "/v1/chat/completions/"),
+        ("openai", "/openai/deployments/gpt/chat/completions"),
+        ("anthropic", "/v1/responses"),
+        ("generic", "/v1/chat/completions"),
+        ("generic", "/v1/messages"),
+        ("generic", "/v1/threads/t1/messages"),
+    ],
+)
+def test_only_a_providers_exact_inference_paths_escape_the_ledger(upstream: str, path: str) -> None:
+    """A path that only ends like an inference endpoint, or any path of an upstream not declared
+    a model provider, is a side effect (ledgered, never retried after it may have run)."""
+    result = classify_http(_config(), upstream, "POST", path)
+    assert (result.side_effect, result.costly) == (True, False)
+
+
+def test_inference_endpoints_name_their_gen_ai_operation() -> None:
+    """The classification names the GenAI operation of an inference endpoint (none elsewhere)."""
+    config = _config()
+    assert classify_http(config, "openai", "POST", "/v1/chat/completions").gen_ai_operation == (
+        "chat"
+    )
+    assert classify_http(config, "openai", "POST", "/v1/embeddings").gen_ai_operation == (
+        "embeddings"
+    )
+    assert classify_http(config, "anthropic", "POST", "/v1/messages").gen_ai_operation == "chat"
+    assert classify_http(config, "generic", "POST", "/v1/messages").gen_ai_operation is None
 
 
 def test_http_rules_match_method_path_globs_with_optional_upstream_prefix() -> None:

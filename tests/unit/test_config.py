@@ -109,7 +109,45 @@ def test_headers_interpolate_environment_variables():
     assert config.upstreams["api"].headers == {"x-api-key": "secret", "x-static": "plain"}
 
 
+def test_upstream_kind_and_not_executed_statuses_parse():
+    """`kind` declares a model provider (default generic); `not_executed_statuses` is a set."""
+    config = parse(
+        """\
+        upstreams:
+          openai: {http: "https://api.openai.com", kind: openai}
+          gateway: {http: "http://127.0.0.1:9000", not_executed_statuses: [502, 503]}
+        """
+    )
+    assert config.upstreams["openai"].provider == "openai"
+    assert config.upstreams["gateway"].provider == "generic"
+    assert config.upstreams["gateway"].not_executed_statuses == frozenset({502, 503})
+
+
 BAD_FILES = {
+    "model kind on an MCP upstream": (
+        """\
+        upstreams:
+          mail: {mcp: "http://127.0.0.1:9001/mcp", kind: openai}
+        """,
+        2,
+        ["upstreams.mail.kind", "'openai'", "only an http upstream"],
+    ),
+    "unknown upstream kind": (
+        """\
+        upstreams:
+          api: {http: "http://127.0.0.1:9000", kind: azure}
+        """,
+        2,
+        ["upstreams.api.kind", "'azure'", "openai"],
+    ),
+    "not_executed_statuses outside 4xx/5xx": (
+        """\
+        upstreams:
+          api: {http: "http://127.0.0.1:9000", not_executed_statuses: [200]}
+        """,
+        2,
+        ["upstreams.api.not_executed_statuses", "200"],
+    ),
     "unknown key": (
         """\
         upstreams:
