@@ -24,7 +24,7 @@ from policies.attributes import BadAttribute, read_attributes
 from policies.classify import classify_http
 from policies.token_budget import TokenBudget
 from proxy.http.downstream import Downstream
-from proxy.http.paths import UnsafePath, split_route, upstream_url
+from proxy.http.paths import UnsafePath, split_route, upstream_target
 from proxy.http.pipeline import TOKEN_BUDGET, HttpCall, run_http_call
 from proxy.http.upstream import HTTP_SESSIONS
 from proxy.state import CONFIG, RUNTIME
@@ -82,13 +82,13 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
     if spec is None or spec.kind != "http" or not spec.url:
         return _reply(_bad("unknown_upstream", f"No HTTP upstream named {name!r}.", 404))
     try:
-        target = upstream_url(spec.url, tail, request.rel_url.raw_query_string)
+        target = upstream_target(spec.url, tail, request.rel_url.raw_query_string)
         attrs = read_attributes(config, request.headers)
     except UnsafePath as exc:
         return _reply(_bad("unsafe_path", str(exc)))
     except BadAttribute as exc:
         return _reply(_bad("bad_attribute", str(exc)))
-    path = f"/{tail}"
+    path = target.path  # rules, classification and the ledger see what the upstream runs
     policy = classify_http(config, name, request.method, path)
     is_json = _is_json(request.content_type)
     if not request.body_exists:
@@ -136,7 +136,7 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
                 app=request.app,
                 request=request,
                 upstream=spec,
-                target=target,
+                target=target.url,
                 tool=f"{request.method} {path}",
                 attrs=attrs,
                 policy=policy,

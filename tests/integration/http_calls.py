@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 from tests.integration.proxy_harness import RunningProxy
 
@@ -33,12 +34,16 @@ async def post(
     path: str = "/http/fake/v1/actions",
     headers: dict[str, str] | None = None,
 ) -> tuple[int, dict[str, str], bytes]:
-    """POST `body` as JSON (with `Idempotency-Key: key` if given); status, headers, body."""
+    """POST `body` as JSON (with `Idempotency-Key: key` if given); status, headers, body.
+
+    `path` is sent exactly as written (percent-escapes are not normalised on the way).
+    """
     all_headers = {"Idempotency-Key": key} if key else {}
     all_headers.update(headers or {})
+    url = URL(f"{proxy.base}{path}", encoded=True)
     async with (
         aiohttp.ClientSession() as session,
-        session.post(f"{proxy.base}{path}", json=body, headers=all_headers) as response,
+        session.post(url, json=body, headers=all_headers) as response,
     ):
         async with asyncio.timeout(BOUNDED_S):
             content = await response.read()
