@@ -199,7 +199,10 @@ def key_mismatch(idempotency_key: str | None, entry_id: str | None = None) -> An
     return Answer(
         code=CODE_INVALID_PARAMS,
         http_status=422,
-        message="This idempotency key was used before with other arguments; nothing was sent.",
+        message=(
+            "This idempotency key was used before for another operation or with other "
+            "arguments; nothing was sent."
+        ),
         data=_data(
             reason="idempotency_key_mismatch", idempotency_key=idempotency_key, entry_id=entry_id
         ),

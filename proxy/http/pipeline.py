@@ -22,7 +22,7 @@ from ledger import LedgerError, LedgerStore, LedgerUnavailable, StaleToken
 from policies import answers
 from policies.admission import Refusal
 from policies.answers import CODE_INVALID_REQUEST, Answer
-from policies.keys import KeyDecision, decide_key, fingerprint
+from policies.keys import KeyDecision, decide_key
 from policies.token_budget import TokenBudget
 from proxy.errors import (
     UpstreamError,
@@ -250,26 +250,24 @@ def _over_budget(call: HttpCall) -> Answer | None:
 
 
 def _decide_key(call: HttpCall) -> KeyDecision:
-    """The call's key and fingerprint: the JSON body is the arguments (a field recipe picks from
-    it); another body counts by its digest; the query string is part of both."""
+    """The call's key and fingerprint. The operation is "METHOD /path"; the arguments are the
+    JSON body (a field recipe picks from it), another body by its digest, and the query string
+    when there is one."""
     arguments = call.payload
     if arguments is None and isinstance(call.body, bytes) and call.body:
         arguments = {"body_sha256": hashlib.sha256(call.body).hexdigest()}
     query = call.request.rel_url.raw_query_string
-    decision = decide_key(
+    if query:
+        arguments = {"query": query, "body": arguments}
+    return decide_key(
         call.policy.key,
         explicit=call.attrs.idempotency_key,
         tenant=call.attrs.tenant,
         upstream=call.upstream.name,
-        tool=f"{call.tool}?{query}" if query else call.tool,
+        operation=call.tool,
         arguments=arguments,
         run_id=call.attrs.run_id,
     )
-    if query:
-        decision = replace(
-            decision, fingerprint=fingerprint({"query": query, "arguments": arguments})
-        )
-    return decision
 
 
 async def _answer_pressure(call: HttpCall, error: UpstreamPressure) -> web.StreamResponse:

@@ -11,7 +11,11 @@ One `MCPServer` (`build_server()`) with the tools the proxy's tests need:
 - `count()` - the counters as a tool result (the same data as `GET /stats`);
 - `hold(seconds, tag)` - sleeps while measuring the server's concurrency (max in `/stats`) and
   records `started` / `cancelled` / `finished` tags (the cancellation tests read them);
-- `die()` - the server process exits mid-call (an upstream that crashes after receiving a call).
+- `die()` - the server process exits mid-call (an upstream that crashes after receiving a call);
+- `charge(amount)` / `refund(amount)` - two side-effecting tools (no annotations) taking the same
+  arguments, each counted in `calls`;
+- `get_current_time()` - no arguments, no annotations; answers with how often it ran;
+- `set_flag(value)` - `idempotentHint: true` (repeating it is harmless), counted in `calls`.
 
 HTTP mode adds plain routes: `GET /healthz`, `GET /stats` (the counters, plus `mcp_requests`: how
 many HTTP requests reached `/mcp`, `http_methods`: those by HTTP method, and `last_headers`: the
@@ -169,6 +173,30 @@ def build_server(state: _State | None = None, name: str = "interlock-test-upstre
             st.running -= 1
         st.finished.append(tag)
         return f"held {seconds} s"
+
+    @server.tool()
+    async def charge(amount: int) -> str:
+        """Charge the card (side-effecting)."""
+        st.calls["charge"] += 1
+        return f"CHARGED {amount}"
+
+    @server.tool()
+    async def refund(amount: int) -> str:
+        """Refund the card (side-effecting)."""
+        st.calls["refund"] += 1
+        return f"REFUNDED {amount}"
+
+    @server.tool()
+    async def get_current_time() -> str:
+        """The time, as a counter of how often it was asked (no annotations)."""
+        st.calls["get_current_time"] += 1
+        return f"tick {st.calls['get_current_time']}"
+
+    @server.tool(annotations=ToolAnnotations(idempotent_hint=True))
+    async def set_flag(value: str) -> str:
+        """Set a flag (idempotent: setting it twice is setting it once)."""
+        st.calls["set_flag"] += 1
+        return f"flag = {value}"
 
     @server.tool()
     async def die() -> str:

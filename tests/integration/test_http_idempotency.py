@@ -83,6 +83,20 @@ async def test_same_key_other_payload_is_422(proxy: RunningProxy, provider: Fake
     assert provider.count() == 1
 
 
+async def test_same_key_on_another_path_is_422_not_a_replay(
+    proxy: RunningProxy, provider: FakeProvider
+) -> None:
+    """The key and body of an earlier call sent to another path are another operation: 422
+    idempotency_key_mismatch, nothing forwarded, never the first call's answer."""
+    assert (await post(proxy, {"amount": 500}, "k-op"))[0] == 201
+    path = "/http/fake/v1/threads/t1/messages"
+    status, headers, body = await post(proxy, {"amount": 500}, "k-op", path=path)
+    assert status == 422
+    assert "Idempotent-Replayed" not in headers
+    assert json.loads(body)["error"]["reason"] == "idempotency_key_mismatch"
+    assert provider.count() == 1
+
+
 async def test_key_order_does_not_change_the_fingerprint(
     proxy: RunningProxy, provider: FakeProvider
 ) -> None:
