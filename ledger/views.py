@@ -43,6 +43,8 @@ class ClaimRequest:
     work_class: str = "interactive"
     run_id: str | None = None
     trace_id: str | None = None
+    dedup_window_s: float | None = None
+    """How long a finished entry answers for its key (derived keys); None = for retention."""
 
 
 @dataclass(frozen=True, slots=True)

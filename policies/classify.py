@@ -20,9 +20,13 @@ A rule whose glob contains a space is an HTTP rule ("METHOD /path" or "upstream:
 any other rule is an MCP rule on "upstream/tool". Each kind of call only looks at its kind of rule,
 so "*/search*" never catches an HTTP "GET /search" by accident. Globs are case-sensitive `fnmatch`.
 
-`destructiveHint` and `idempotentHint` never make a call read-only. `idempotentHint` is kept on the
-classification for telemetry and operators, but it does not license retrying a call that may have
-run: DESIGN.md only retries a side-effecting call that certainly did not take effect.
+`destructiveHint` and `idempotentHint` never make a call read-only. `idempotentHint: true` makes
+the default key recipe `none` (a repeat is harmless, so a deliberate repeat must run, not replay);
+the call is still recorded. It does not license retrying a call that may have run: DESIGN.md only
+retries a side-effecting call that certainly did not take effect.
+
+The key recipe is the rule's, else `none` for an idempotent tool, else `derived`; a derived (or
+fields) key dedupes for the recipe's `window_s`, else `defaults.dedup_window_s`.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ INFERENCE_ENDPOINTS: Mapping[ProviderKind, Mapping[str, str | None]] = {
 """Per model provider, its `POST` inference paths → the GenAI operation name (None: none fits)."""
 _READ_ONLY_METHODS = frozenset({"GET", "HEAD"})
 _DERIVED = KeyRecipe("derived")
+_NO_KEY = KeyRecipe("none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +73,9 @@ class Classification:
     """What policy says about one call.
 
     `costly` marks a model-inference endpoint (budgeted, traced), `gen_ai_operation` its GenAI
-    operation name. `key` is the effective key recipe (the
-    rule's, else derived). `timeout_s` is the effective per-attempt timeout: the rule's, else the
+    operation name. `key` is the effective key recipe (the rule's, else `none` for an idempotent
+    tool, else derived) and `dedup_window_s` how long a derived key recognises a repeat.
+    `timeout_s` is the effective per-attempt timeout: the rule's, else the
     upstream's, else the configured default. `work_class` is the rule's override, if any.
     `source` names where `side_effect` came from.
     """
@@ -86,6 +92,7 @@ class Classification:
     source: ClassificationSource
     idempotent_hint: bool = False
     gen_ai_operation: str | None = None
+    dedup_window_s: float = 300.0
 
 
 def is_http_rule(rule: ToolRule) -> bool:
@@ -166,10 +173,15 @@ def _build(
     upstream_timeout = spec.timeout_s if spec is not None else None
     rule_timeout = rule.timeout_s if rule is not None else None
     timeout = rule_timeout or upstream_timeout or config.defaults.timeout_s
+    if rule is not None and rule.key is not None:
+        key = rule.key
+    else:
+        key = _NO_KEY if idempotent else _DERIVED
+    window = key.window_s if key.window_s is not None else config.defaults.dedup_window_s
     return Classification(
         side_effect=side_effect,
         costly=costly,
-        key=(rule.key if rule is not None and rule.key is not None else _DERIVED),
+        key=key,
         cost_class=rule.cost_class if rule is not None else None,
         retry_budget=rule.retry_budget if rule is not None else None,
         reject_as=rule.reject_as if rule is not None else "error",
@@ -178,4 +190,5 @@ def _build(
         rule_index=rule.index if rule is not None else None,
         source=source,
         idempotent_hint=idempotent,
+        dedup_window_s=window,
     )

@@ -66,6 +66,7 @@ class DefaultsIn(_Strict):
     work_class: WorkClassName = Field("interactive", alias="class")
     timeout_s: PositiveFloat = 30.0
     deadline_s: PositiveFloat = 60.0
+    dedup_window_s: NonNegativeFloat = 300.0
 
 
 class RetryIn(_Strict):
@@ -92,14 +93,17 @@ class UpstreamIn(_Strict):
     not_executed_statuses: list[HttpStatus] = Field(default_factory=list)
 
 
-class KeyFieldsIn(_Strict):
-    fields: Annotated[list[str], Field(min_length=1)]
+class KeyRecipeIn(_Strict):
+    """`key: {fields: [...], window_s: N}`: a derived key, from the named fields if given."""
+
+    fields: Annotated[list[str], Field(min_length=1)] | None = None
+    window_s: NonNegativeFloat | None = None
 
 
 class ToolRuleIn(_Strict):
     match: Annotated[str, Field(min_length=1)]
     side_effect: bool | None = None
-    key: Literal["explicit", "derived", "none"] | KeyFieldsIn | None = None
+    key: Literal["explicit", "derived", "none"] | KeyRecipeIn | None = None
     cost_class: str | None = None
     retry_budget: NonNegativeInt | None = None
     reject_as: Literal["error", "tool_error"] = "error"

@@ -56,11 +56,16 @@ def fingerprint(operation: str, arguments: Any) -> str:
 
 @dataclass(frozen=True, slots=True)
 class KeyDecision:
-    """The idempotency key of one call (`None`: no dedupe) and the fingerprint stored with it."""
+    """The idempotency key of one call (`None`: no dedupe) and the fingerprint stored with it.
+
+    `dedup_window_s`: how long the key recognises a repeat as a retry of this call; `None` for an
+    explicit key, which holds for the ledger's retention.
+    """
 
     key: str | None
     source: KeySource
     fingerprint: str
+    dedup_window_s: float | None = None
 
 
 def decide_key(
@@ -72,6 +77,7 @@ def decide_key(
     operation: str,
     arguments: Any,
     run_id: str | None,
+    window_s: float | None = None,
 ) -> KeyDecision:
     """Pick the key of a call: the caller's key wins, else the recipe decides.
 
@@ -80,7 +86,7 @@ def decide_key(
     context with only the named argument fields (dotted paths reach into objects, numeric parts
     index lists; a missing field counts as null), so rewording an unnamed free-text field keeps
     the key. `explicit` without a caller key, and `none`, give no key. A blank explicit key counts
-    as absent.
+    as absent. A derived key dedupes for `window_s` (the caller's explicit key: for retention).
 
     Raises:
         TypeError, ValueError: arguments that have no canonical JSON form (see `canonical_json`).
@@ -102,7 +108,8 @@ def decide_key(
         document["fields"] = {name: pick_field(args, name) for name in recipe.fields}
     else:
         document["arguments"] = arguments
-    return KeyDecision(_sha256(canonical_json(document)), "derived", arguments_print)
+    key = _sha256(canonical_json(document))
+    return KeyDecision(key, "derived", arguments_print, dedup_window_s=window_s)
 
 
 def pick_field(arguments: Any, path: str) -> Any:

@@ -93,6 +93,8 @@ class Defaults:
     work_class: WorkClass = "interactive"
     timeout_s: float = 30.0
     deadline_s: float = 60.0
+    dedup_window_s: float = 300.0
+    """How long a derived key recognises a repeat as a retry (explicit keys: `retention_h`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +151,12 @@ class KeyRecipe:
 
     `explicit`: only the caller's key (none given → no dedupe); `derived`: hash of all arguments;
     `fields`: hash of the named argument fields only; `none`: no key, the call is still recorded.
+    `window_s`: how long a derived (or fields) key dedupes; None = `defaults.dedup_window_s`.
     """
 
     mode: KeyMode = "derived"
     fields: tuple[str, ...] = ()
+    window_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -267,6 +267,7 @@ def _decide_key(call: HttpCall) -> KeyDecision:
         operation=call.tool,
         arguments=arguments,
         run_id=call.attrs.run_id,
+        window_s=call.policy.dedup_window_s,
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from policies.classify import classify_http, classify_tool, is_http_rule
@@ -61,7 +63,7 @@ def test_rule_without_side_effect_defers_the_flag_but_keeps_its_settings() -> No
     ("annotations", "side_effect", "source"),
     [
         ({"readOnlyHint": True}, False, "annotations"),
-        ({"readOnlyHint": False, "idempotentHint": True}, True, "annotations"),
+        ({"readOnlyHint": False, "destructiveHint": True}, True, "annotations"),
         ({"destructiveHint": False}, True, "default"),
         ({"readOnlyHint": "yes"}, True, "default"),
         (None, True, "default"),
@@ -82,6 +84,27 @@ def test_idempotent_hint_is_recorded_but_does_not_make_a_tool_read_only() -> Non
     result = classify_tool(_config(), "mail", "set_flag", {"idempotentHint": True})
     assert result.idempotent_hint is True
     assert result.side_effect is True
+
+
+def test_idempotent_hint_defaults_the_key_to_none_unless_a_rule_names_one() -> None:
+    """A repeat of an idempotent tool is harmless: its default key is `none` (it runs again);
+    a rule's key recipe still wins."""
+    hint = {"idempotentHint": True}
+    assert classify_tool(_config(), "mail", "set_flag", hint).key == KeyRecipe("none")
+    assert classify_tool(_config(), "mail", "set_flag", {}).key == KeyRecipe("derived")
+    ruled = _config(ToolRule("mail/*", 0, key=KeyRecipe("derived")))
+    assert classify_tool(ruled, "mail", "set_flag", hint).key == KeyRecipe("derived")
+
+
+def test_dedup_window_is_the_rules_else_the_default() -> None:
+    """A rule's `key: {window_s: N}` sets the call's dedup window; otherwise the default's."""
+    config = replace(
+        _config(ToolRule("mail/send", 0, key=KeyRecipe("derived", window_s=5.0))),
+        defaults=Defaults(timeout_s=30.0, dedup_window_s=120.0),
+    )
+    assert classify_tool(config, "mail", "send", None).dedup_window_s == 5.0
+    assert classify_tool(config, "mail", "other", None).dedup_window_s == 120.0
+    assert classify_http(config, "openai", "POST", "/v1/files").dedup_window_s == 120.0
 
 
 def test_timeout_falls_back_from_rule_to_upstream_to_default() -> None:

@@ -121,6 +121,15 @@ def test_explicit_key_wins_over_every_recipe() -> None:
         assert decision.fingerprint == fingerprint("send", {"a": 1})
 
 
+def test_derived_keys_carry_their_window_and_explicit_keys_none() -> None:
+    """A derived (or fields) key dedupes for the given window; an explicit key for retention."""
+    for recipe in (KeyRecipe("derived"), KeyRecipe("fields", ("a",))):
+        derived = decide_key(recipe, explicit=None, arguments={"a": 1}, window_s=60.0, **CONTEXT)
+        assert (derived.source, derived.dedup_window_s) == ("derived", 60.0)
+        explicit = decide_key(recipe, explicit="k", arguments={"a": 1}, window_s=60.0, **CONTEXT)
+        assert (explicit.source, explicit.dedup_window_s) == ("explicit", None)
+
+
 def test_blank_explicit_key_counts_as_absent() -> None:
     """An empty Idempotency-Key header does not become a key shared by every call."""
     decision = decide_key(KeyRecipe("derived"), explicit="  ", arguments={"a": 1}, **CONTEXT)

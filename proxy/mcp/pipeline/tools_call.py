@@ -85,6 +85,7 @@ async def handle_tools_call(
                 operation=tool,
                 arguments=arguments,
                 run_id=attrs.run_id,
+                window_s=policy.dedup_window_s,
             )
         except (TypeError, ValueError) as exc:  # NaN, keys equal after NFC: no canonical form
             reason = f"arguments have no canonical form: {exc}"
