@@ -20,7 +20,7 @@ import aiohttp
 from opentelemetry.trace import SpanKind
 
 from policies.admission import Refusal
-from policies.retry import retrying
+from policies.retry import not_executed_statuses, retrying
 from proxy.errors import UpstreamError, UpstreamNotReached, UpstreamPressure
 from proxy.http.context import HttpCall
 from proxy.http.downstream import sse_error_event
@@ -111,6 +111,7 @@ async def forward(call: HttpCall) -> Opened:
         describe=describe_failure,
         budget=call.app[RETRY_BUDGETS].for_upstream(call.upstream.name),
         max_attempts=attempts if call.retryable_body else 1,
+        not_executed=not_executed_statuses(call.upstream),
     )
     try:
         async for attempt in loop:

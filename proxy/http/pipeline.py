@@ -23,6 +23,7 @@ from policies import answers
 from policies.admission import Refusal
 from policies.answers import CODE_INVALID_REQUEST, Answer
 from policies.keys import KeyDecision, decide_key
+from policies.retry import not_executed_statuses
 from policies.token_budget import TokenBudget
 from proxy.errors import (
     UpstreamError,
@@ -43,8 +44,8 @@ __all__ = ["TOKEN_BUDGET", "HttpCall", "run_http_call"]
 
 
 TOKEN_BUDGET = web.AppKey("token_budget", TokenBudget)
-# Statuses by which an upstream says it did not process the request (429/503/529 arrive earlier,
-# as pressure): request timeout, too early.
+# Statuses by which any upstream says it did not process the request: request timeout, too early
+# (429, and 503/529 from a model provider, arrive earlier, as pressure).
 _NOT_PROCESSED = frozenset({408, 425})
 
 
@@ -162,10 +163,16 @@ async def _forward_and_record(
     except AdmissionRefused as exc:
         await ledger.release(f"retry refused: {exc.refusal.reason}", exc.refusal.retry_after_s)
         return await call.answer(_refusal_answer(call, exc.refusal))
-    except (UpstreamNotReached, UpstreamPressure) as exc:
+    except UpstreamPressure as exc:
+        if exc.status not in not_executed_statuses(call.upstream):
+            # e.g. a gateway's 503 after its backend acted: no proof that nothing ran
+            detail = f"upstream answered HTTP {exc.status}"
+            await ledger.unknown(detail)
+            return await call.answer(answers.outcome_unknown(key, entry_id, detail))
         await ledger.release(f"not executed: {exc}", cooldown_remaining(call) or None)
-        if isinstance(exc, UpstreamPressure):
-            return await _answer_pressure(call, exc)
+        return await _answer_pressure(call, exc)
+    except UpstreamNotReached as exc:
+        await ledger.release(f"not executed: {exc}", cooldown_remaining(call) or None)
         return await call.answer(_failure_answer(exc))
     except UpstreamLost as exc:
         detail = "timed out" if isinstance(exc, UpstreamTimeout) else "connection lost"
@@ -175,9 +182,12 @@ async def _forward_and_record(
         # cancelled (shutdown) or a bug after write-ahead: the call may have been sent
         await ledger.unknown("interrupted after write-ahead")
         raise
+    status = opened.response.status
+    # the upstream says it did not act: its answer is relayed and the key may be sent again
+    not_executed = status in _NOT_PROCESSED or status in not_executed_statuses(call.upstream)
     try:
-        if opened.response.status >= 500:  # it may have acted before failing
-            detail = f"upstream answered HTTP {opened.response.status}"
+        if status >= 500 and not not_executed:  # it may have acted before failing
+            detail = f"upstream answered HTTP {status}"
             await ledger.unknown(detail)
             return await call.answer(answers.outcome_unknown(key, entry_id, detail))
         body = await relay(call, opened, collect=True)
@@ -189,8 +199,7 @@ async def _forward_and_record(
         raise
     finally:
         opened.response.release()
-    status = opened.response.status
-    if status in _NOT_PROCESSED:  # the upstream says it did not act: the key may be sent again
+    if not_executed:
         await ledger.release(f"not executed: upstream answered HTTP {status}", None)
     else:
         # A 4xx is the upstream's answer (a declined card stays declined): it is recorded as

@@ -4,8 +4,10 @@ Invariants kept here:
 - the `running` entry is committed before a byte goes upstream; no ledger, no call (fail closed);
 - a call that may have executed and whose answer never came (timeout, lost connection, client gone,
   proxy shutting down) becomes `unknown`, is answered as such, and is never re-sent by us;
-- a call that certainly did not execute (connect refused, 429/503/529 before processing, admission
-  refused on a retry) is released back to `rejected`, so the same key may be sent again.
+- a call that certainly did not execute (connect refused, a status that proves it — 429, the
+  upstream's `not_executed_statuses` —, admission refused on a retry) is released back to
+  `rejected`, so the same key may be sent again; any other 5xx (a 503 from a gateway whose backend
+  acted) makes it `unknown`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from opentelemetry.trace import Span
 
 from ledger import ClaimResult, LedgerError, LedgerStore, LedgerUnavailable, StaleToken
 from policies import answers
+from policies.retry import not_executed_statuses
 from proxy.errors import (
     UpstreamError,
     UpstreamLost,
@@ -62,12 +65,18 @@ async def run_side_effect(call: ToolCall, plan: ForwardPlan) -> JsonObject:
         r = refused.refusal
         await _release(call, store, lease, f"retry refused: {r.reason}", r.retry_after_s)
         raise
-    except (UpstreamNotReached, UpstreamPressure) as exc:
-        retry_after = _retry_after(call, exc)
-        await _release(call, store, lease, f"not executed: {exc}", retry_after)
+    except UpstreamPressure as exc:
+        if exc.status not in not_executed_statuses(call.ctx.upstream):  # no proof nothing ran
+            await _mark_unknown(call, store, lease, f"upstream HTTP {exc.status}")
+            return call.answer(answers.outcome_unknown(call.idempotency_key, entry_id, str(exc)))
+        await _release(call, store, lease, f"not executed: {exc}", _retry_after(call, exc))
+        raise
+    except UpstreamNotReached as exc:
+        await _release(call, store, lease, f"not executed: {exc}", _retry_after(call, exc))
         raise
     except UpstreamRefused as exc:
-        if exc.status >= 500:  # a server error may have happened after the tool acted
+        not_executed = not_executed_statuses(call.ctx.upstream)
+        if exc.status >= 500 and exc.status not in not_executed:  # it may have acted first
             await _mark_unknown(call, store, lease, f"upstream HTTP {exc.status}")
             return call.answer(answers.outcome_unknown(call.idempotency_key, entry_id, str(exc)))
         await _release(call, store, lease, f"not executed: {exc}", None)

@@ -1,0 +1,58 @@
+"""What an HTTP upstream's answer proves, and what a replay of it may say (aiohttp client →
+proxy → fake provider / gateway)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.integration import fake_provider
+from tests.integration.fake_provider import FakeProvider, wait_until
+from tests.integration.http_calls import post
+from tests.integration.proxy_harness import running_proxy
+
+provider = fake_provider.provider
+
+TRANSFERS = "/http/gw/v1/transfers"
+
+
+def config(provider: FakeProvider, upstream_extra: str = "") -> str:
+    return f"""
+        ledger: {{url: "sqlite:///ledger.db", lease_s: 5, max_outcome_bytes: 4096}}
+        defaults: {{timeout_s: 2, deadline_s: 5}}
+        upstreams:
+          gw:
+            http: "{provider.url}"
+            retry: {{max_attempts: 3, base_delay_s: 0.01}}
+            {upstream_extra}
+        """
+
+
+async def test_a_gateway_503_after_the_backend_acted_is_unknown_and_never_resent(
+    provider: FakeProvider, tmp_path: Path
+) -> None:
+    """A generic upstream's 503 is no proof of "not executed": the transfer is not retried,
+    its entry is `unknown` (504), and the same key is refused 409 until reconciled."""
+    async with running_proxy(config(provider), tmp_path) as proxy:
+        status, _, body = await post(proxy, {"amount": 100}, "tr-1", path=TRANSFERS)
+        error = json.loads(body)["error"]
+        assert (status, error["reason"], error["state"]) == (504, "outcome_unknown", "unknown")
+        entry, _ = await proxy.store.get("tr-1")
+        assert entry.state == "unknown"
+        await wait_until(lambda: proxy.scheduler.cooldown_remaining("gw") == 0)  # its Retry-After
+        status, _, body = await post(proxy, {"amount": 100}, "tr-1", path=TRANSFERS)
+        assert (status, json.loads(body)["error"]["state"]) == (409, "unknown")
+    assert provider.executions["tr-1"] == 1
+
+
+async def test_a_503_declared_not_executed_releases_the_key(
+    provider: FakeProvider, tmp_path: Path
+) -> None:
+    """`not_executed_statuses: [503]`: the operator vouches for this upstream's 503, so the
+    call is released (`rejected`) and refused with Retry-After."""
+    declared = "not_executed_statuses: [503]"
+    async with running_proxy(config(provider, declared), tmp_path) as proxy:
+        status, headers, _ = await post(proxy, {"amount": 5}, "tr-2", path=TRANSFERS)
+        assert (status, "Retry-After" in headers) == (429, True)
+        entry, _ = await proxy.store.get("tr-2")
+        assert entry.state == "rejected"

@@ -1,0 +1,95 @@
+"""What an MCP upstream's answer proves, and what a replay of it may say (real SDK Client →
+proxy → real MCPServer, the server behind a gateway that can misbehave)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration.proxy_harness import running_proxy
+from tests.integration.waiting import wait_until
+
+KEY = "interlock/idempotency-key"
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[RunningUpstream]:
+    with running_upstream() as running:
+        yield running
+
+
+@pytest.fixture
+def fresh(upstream: RunningUpstream) -> RunningUpstream:
+    upstream.reset()
+    upstream.control(reject_next=0, fail_after=0)
+    return upstream
+
+
+def config(upstream: RunningUpstream, extra: str = "", upstream_extra: str = "") -> str:
+    return f"""
+        ledger: {{url: "sqlite:///ledger.db", lease_s: 5}}
+        defaults: {{timeout_s: 5, deadline_s: 10}}
+        upstreams:
+          up:
+            mcp: "{upstream.url}"
+            retry: {{max_attempts: 3, base_delay_s: 0.01}}
+            {upstream_extra}
+        {extra}
+        """
+
+
+def error_of(exc: MCPError) -> tuple[int, dict[str, Any]]:
+    data = exc.error.data if isinstance(exc.error.data, dict) else {}
+    return exc.error.code, data
+
+
+async def test_a_503_after_the_tool_ran_is_unknown_and_never_resent(
+    fresh: RunningUpstream, tmp_path: Path
+) -> None:
+    """A gateway answers 503 after the tool acted: that is no proof of "not executed", so the
+    entry is `unknown` (-32053), the proxy does not retry, and a resend is refused -32052."""
+    fresh.control(fail_after=1, status=503, methods=["tools/call"])
+    args = {"to": "a@example.com", "subject": "transfer"}
+    async with (
+        running_proxy(config(fresh), tmp_path) as proxy,
+        Client(proxy.mcp_url("up"), mode="legacy") as client,
+    ):
+        with pytest.raises(MCPError) as first:
+            await client.call_tool("send_email", args, meta={KEY: "tr-1"})
+        await wait_until(lambda: proxy.scheduler.cooldown_remaining("up") == 0)  # Retry-After
+        with pytest.raises(MCPError) as again:
+            await client.call_tool("send_email", args, meta={KEY: "tr-1"})
+        entry, _ = await proxy.store.get("tr-1")
+    assert error_of(first.value)[0] == -32053
+    code, data = error_of(again.value)
+    assert (code, data["state"]) == (-32052, "unknown")
+    assert entry.state == "unknown"
+    assert fresh.stats()["emails_by_key"] == {"tr-1": 1}
+
+
+async def test_a_status_the_upstream_declares_not_executed_releases_the_key(
+    fresh: RunningUpstream, tmp_path: Path
+) -> None:
+    """With `not_executed_statuses: [503]` the operator vouches for this upstream's 503: the
+    call is released (`rejected`) and refused -32050, and the same key may be sent again."""
+    fresh.control(reject_next=1, status=503, retry_after=None, methods=["tools/call"])
+    args = {"to": "b@example.com", "subject": "hello"}
+    declared = "not_executed_statuses: [503]"
+    async with (
+        running_proxy(config(fresh, upstream_extra=declared), tmp_path) as proxy,
+        Client(proxy.mcp_url("up"), mode="legacy") as client,
+    ):
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool(
+                "send_email", args, meta={KEY: "ok-1", "interlock/class": "interactive"}
+            )
+        entry, _ = await proxy.store.get("ok-1")
+    assert error_of(refused.value)[0] == -32050
+    assert entry.state == "rejected"
+    assert fresh.stats()["emails_total"] == 0
