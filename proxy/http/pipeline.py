@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from ledger import LedgerError, LedgerStore, LedgerUnavailable, StaleToken
+from ledger import EntryView, LedgerError, LedgerStore, LedgerUnavailable, StaleToken
 from policies import answers
 from policies.admission import Refusal
 from policies.answers import CODE_INVALID_REQUEST, Answer
@@ -122,9 +122,7 @@ async def _run_side_effect(call: HttpCall) -> web.StreamResponse:
     )
     if claim.kind == "replay":
         call.release_slot()
-        return replay_response(
-            entry.outcome, state=str(entry.state), entry_id=entry.id, idempotency_key=key
-        )
+        return await _replay(call, entry)
     if (refusal := claim_refusal(claim, key)) is not None:
         return await call.answer(refusal)
     lease = Lease(entry.id, entry.fencing_token)
@@ -152,10 +150,7 @@ async def _forward_and_record(
         # The failed attempt was released (it did not run); the next could not be claimed.
         claim = lost.claim
         if claim is not None and claim.kind == "replay":  # another send finished it meanwhile
-            entry = claim.entry
-            return replay_response(
-                entry.outcome, state=str(entry.state), entry_id=entry.id, idempotency_key=key
-            )
+            return await _replay(call, claim.entry)
         refusal = None if claim is None else claim_refusal(claim, key)
         if refusal is None:  # the ledger could not be asked
             return await call.answer(answers.ledger_unavailable(str(lost), key))
@@ -207,6 +202,15 @@ async def _forward_and_record(
         outcome = encode_outcome(status, opened.response.headers.items(), body)
         await ledger.finish(outcome, failed=status >= 400)
     return await _end(call)
+
+
+async def _replay(call: HttpCall, entry: EntryView) -> web.StreamResponse:
+    """A finished entry's stored answer; without one (too large, or resolved by an operator) a
+    409 `outcome_not_retained` with its state: never a success the caller could misread."""
+    if entry.outcome is None:
+        key = call.key.key if call.key else None
+        return await call.answer(answers.outcome_not_retained(key, entry.id, str(entry.state)))
+    return replay_response(entry.outcome)
 
 
 def _refusal_answer(call: HttpCall, refusal: Refusal) -> Answer:

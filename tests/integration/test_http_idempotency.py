@@ -210,16 +210,38 @@ async def test_upstream_4xx_is_recorded_failed_and_replayed(
     assert provider.count() == 1
 
 
-async def test_large_outcome_replays_as_not_retained(
+async def test_large_outcome_is_not_replayed_as_a_success(
     proxy: RunningProxy, provider: FakeProvider
 ) -> None:
-    """An answer over max_outcome_bytes is kept as a hash; its replay says so."""
+    """An answer over max_outcome_bytes is kept as a hash: a repeat gets 409
+    outcome_not_retained with the entry's state and id, never a 2xx it could take for the answer."""
     big = {"blob": "x" * 5000}
     assert (await post(proxy, big, "k-big"))[0] == 201
     status, headers, body = await post(proxy, big, "k-big")
-    assert status == 200
-    assert headers["Idempotent-Replayed"] == "true"
-    assert json.loads(body)["outcome_retained"] is False
+    error = json.loads(body)["error"]
+    entry = await settled(proxy, "k-big", "succeeded")
+    assert status == 409
+    assert "Idempotent-Replayed" not in headers
+    assert (error["reason"], error["state"], error["entry_id"]) == (
+        "outcome_not_retained",
+        "succeeded",
+        entry.id,
+    )
+    assert provider.count() == 1
+
+
+async def test_an_entry_resolved_failed_by_an_operator_is_not_replayed_as_a_success(
+    proxy: RunningProxy, provider: FakeProvider
+) -> None:
+    """An unknown entry an operator resolved `failed` has no stored answer: a resend gets 409
+    outcome_not_retained with state failed, not a 200 marked as a replay."""
+    provider.script("die")
+    assert (await post(proxy, {"n": 1}, "k-resolved"))[0] == 504
+    await proxy.store.resolve("k-resolved", as_="failed", note="bank says no", actor="sre")
+    status, headers, body = await post(proxy, {"n": 1}, "k-resolved")
+    error = json.loads(body)["error"]
+    assert (status, error["reason"], error["state"]) == (409, "outcome_not_retained", "failed")
+    assert "Idempotent-Replayed" not in headers
     assert provider.count() == 1
 
 

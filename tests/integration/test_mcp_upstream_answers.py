@@ -93,3 +93,46 @@ async def test_a_status_the_upstream_declares_not_executed_releases_the_key(
     assert error_of(refused.value)[0] == -32050
     assert entry.state == "rejected"
     assert fresh.stats()["emails_total"] == 0
+
+
+async def test_an_outcome_that_was_not_kept_is_never_replayed_as_a_result(
+    fresh: RunningUpstream, tmp_path: Path
+) -> None:
+    """A result over max_outcome_bytes is kept as a hash only: a repeat of its key is answered
+    -32056 outcome_not_retained with the state and entry id, never a result."""
+    small = config(fresh).replace("lease_s: 5", "lease_s: 5, max_outcome_bytes: 8")
+    async with (
+        running_proxy(small, tmp_path) as proxy,
+        Client(proxy.mcp_url("up"), mode="legacy") as client,
+    ):
+        await client.call_tool("charge", {"amount": 5}, meta={KEY: "big-1"})
+        with pytest.raises(MCPError) as caught:
+            await client.call_tool("charge", {"amount": 5}, meta={KEY: "big-1"})
+        entry, _ = await proxy.store.get("big-1")
+    code, data = error_of(caught.value)
+    assert (code, data["reason"], data["state"]) == (-32056, "outcome_not_retained", "succeeded")
+    assert data["entry_id"] == entry.id
+    assert fresh.stats()["calls"] == {"charge": 1}
+
+
+async def test_an_entry_resolved_by_an_operator_is_not_replayed_as_a_result(
+    fresh: RunningUpstream, tmp_path: Path
+) -> None:
+    """An `unknown` entry an operator resolved `succeeded` has no stored result: a resend of its
+    key is answered -32056 with state succeeded (the tool is not called again)."""
+    rule = """
+        tools:
+          - {match: "up/hold", timeout_s: 0.3}
+        """
+    async with (
+        running_proxy(config(fresh, rule), tmp_path) as proxy,
+        Client(proxy.mcp_url("up"), mode="legacy") as client,
+    ):
+        with pytest.raises(MCPError):
+            await client.call_tool("hold", {"seconds": 1, "tag": "r"}, meta={KEY: "held-1"})
+        await proxy.store.resolve("held-1", as_="succeeded", note="it ran", actor="sre")
+        with pytest.raises(MCPError) as caught:
+            await client.call_tool("hold", {"seconds": 1, "tag": "r"}, meta={KEY: "held-1"})
+    code, data = error_of(caught.value)
+    assert (code, data["reason"], data["state"]) == (-32056, "outcome_not_retained", "succeeded")
+    assert fresh.stats()["started"] == ["r"]

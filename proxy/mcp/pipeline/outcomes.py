@@ -30,22 +30,12 @@ def encode_outcome(response: JsonObject) -> bytes:
 
 
 def decode_replay(entry: EntryView, request_id: Any, *, modern: bool) -> JsonObject:
-    """The stored outcome of `entry` as the response to `request_id`, marked as a replay."""
+    """The stored outcome of `entry` as the response to `request_id`, marked as a replay.
+
+    Only for an entry whose outcome was kept (the pipeline answers -32056 otherwise).
+    """
+    assert entry.outcome is not None, "an entry without its outcome is never replayed"
     marker = {REPLAY_META: True, "interlock/entry-id": entry.id}
-    if entry.outcome is None:
-        result: JsonObject = {
-            "content": [
-                {
-                    "type": "text",
-                    "text": f"The call completed ({entry.state}); its outcome was not retained.",
-                }
-            ],
-            "isError": entry.state != "succeeded",
-            "_meta": {**marker, "interlock/outcome-retained": False},
-        }
-        if modern:
-            result["resultType"] = "complete"
-        return {"jsonrpc": "2.0", "id": request_id, "result": result}
     stored: JsonObject = json.loads(entry.outcome)
     if "result" in stored and isinstance(stored["result"], dict):
         meta = dict(stored["result"].get("_meta") or {})

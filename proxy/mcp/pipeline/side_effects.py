@@ -137,7 +137,11 @@ async def _claim(call: ToolCall, store: LedgerStore) -> ClaimResult:
 def _answer_claim(call: ToolCall, result: ClaimResult) -> JsonObject | None:
     """The answer for a claim that must not be forwarded, or None for a new running entry."""
     if result.kind == "replay":
-        return decode_replay(result.entry, call.request_id, modern=call.ctx.modern)
+        entry = result.entry
+        if entry.outcome is None:  # too large, or resolved by an operator: never a success
+            answer = answers.outcome_not_retained(call.idempotency_key, entry.id, str(entry.state))
+            return call.answer(answer)
+        return decode_replay(entry, call.request_id, modern=call.ctx.modern)
     refusal = claim_refusal(result, call.idempotency_key)
     return None if refusal is None else call.answer(refusal)
 
