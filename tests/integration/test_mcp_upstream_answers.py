@@ -3,19 +3,24 @@ proxy → real MCPServer, the server behind a gateway that can misbehave)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
+from tests.integration import mcp_proxy_harness
+from tests.integration.mcp_proxy_harness import RawMcp
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
 from tests.integration.proxy_harness import running_proxy
 from tests.integration.waiting import wait_until
 
 KEY = "interlock/idempotency-key"
+http = mcp_proxy_harness.http
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +141,44 @@ async def test_an_entry_resolved_by_an_operator_is_not_replayed_as_a_result(
     code, data = error_of(caught.value)
     assert (code, data["reason"], data["state"]) == (-32056, "outcome_not_retained", "succeeded")
     assert fresh.stats()["started"] == ["r"]
+
+
+async def test_a_legacy_outcome_replays_to_a_modern_client_in_its_shape(
+    fresh: RunningUpstream, tmp_path: Path
+) -> None:
+    """An outcome stored from a 2025-11-25 session is replayed to a 2026-07-28 SDK Client as a
+    valid result of that revision (`resultType` added), marked as a replay."""
+    args = {"amount": 12}
+    async with running_proxy(config(fresh), tmp_path) as proxy:
+        async with Client(proxy.mcp_url("up"), mode="legacy") as legacy:
+            first = await legacy.call_tool("charge", args, meta={KEY: "rev-1"})
+        async with Client(proxy.mcp_url("up"), mode="2026-07-28") as modern:
+            replayed = await modern.call_tool("charge", args, meta={KEY: "rev-1"})
+    assert replayed.content == first.content
+    assert (replayed.meta or {}).get("interlock/replayed") is True
+    assert fresh.stats()["calls"] == {"charge": 1}
+
+
+async def test_a_modern_outcome_replays_to_a_legacy_client_without_modern_fields(
+    fresh: RunningUpstream, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """An outcome stored from a 2026-07-28 call is replayed to a 2025-11-25 session without
+    what that revision does not have (`resultType`), through the SDK Client and on the wire."""
+    args = {"amount": 13}
+    async with running_proxy(config(fresh), tmp_path) as proxy:
+        async with Client(proxy.mcp_url("up"), mode="2026-07-28") as modern:
+            first = await modern.call_tool("charge", args, meta={KEY: "rev-2"})
+        async with Client(proxy.mcp_url("up"), mode="legacy") as legacy:
+            replayed = await legacy.call_tool("charge", args, meta={KEY: "rev-2"})
+        raw = RawMcp(http, proxy.mcp_url("up"))
+        await raw.initialize()
+        params = {"name": "charge", "arguments": args, "_meta": {KEY: "rev-2"}}
+        answer = await raw.post(
+            {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": params}
+        )
+    assert replayed.content == first.content
+    result = answer.last["result"]
+    assert result["_meta"]["interlock/replayed"] is True
+    assert "resultType" not in result, json.dumps(result)
+    assert "io.modelcontextprotocol/serverInfo" not in result["_meta"]
+    assert fresh.stats()["calls"] == {"charge": 1}
