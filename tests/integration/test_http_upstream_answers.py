@@ -3,20 +3,24 @@ proxy → fake provider / gateway)."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
 from pathlib import Path
 
 from tests.integration import fake_provider
 from tests.integration.fake_provider import FakeProvider, wait_until
-from tests.integration.http_calls import post
+from tests.integration.http_calls import post, settled
 from tests.integration.proxy_harness import running_proxy
 
 provider = fake_provider.provider
 
 TRANSFERS = "/http/gw/v1/transfers"
+ACTIONS = "/http/gw/v1/actions"
 
 
 def config(provider: FakeProvider, upstream_extra: str = "") -> str:
+    """The fake provider as a generic upstream `gw` (more keys of it in `upstream_extra`)."""
     return f"""
         ledger: {{url: "sqlite:///ledger.db", lease_s: 5, max_outcome_bytes: 4096}}
         defaults: {{timeout_s: 2, deadline_s: 5}}
@@ -56,3 +60,36 @@ async def test_a_503_declared_not_executed_releases_the_key(
         assert (status, "Retry-After" in headers) == (429, True)
         entry, _ = await proxy.store.get("tr-2")
         assert entry.state == "rejected"
+
+
+async def test_a_queued_streaming_side_effect_answered_in_json_keeps_its_real_answer(
+    provider: FakeProvider, tmp_path: Path
+) -> None:
+    """A side-effecting caller told `: queued` on an SSE stream, whose upstream then answers in
+    JSON: the ledger keeps that real answer (not an empty body), the caller's stream carries it
+    in an error event, and a repeat of its key replays it byte for byte."""
+    limits = "limits: {max_running: 1, max_pending: 4, max_wait_s: 5}"
+    streaming = {"X-Interlock-Class": "background", "Accept": "text/event-stream"}
+    async with running_proxy(config(provider, limits), tmp_path) as proxy:
+        provider.action_gate = asyncio.Event()
+        first = asyncio.create_task(post(proxy, {"n": 1}, "hold-1", path=ACTIONS))
+        await wait_until(lambda: provider.executions["hold-1"] == 1)
+        second = asyncio.create_task(post(proxy, {"n": 2}, "sse-1", ACTIONS, streaming))
+        await wait_until(lambda: proxy.scheduler.snapshot().scopes["upstream:gw"].queued == 1)
+        provider.action_gate.set()
+        await first
+        status, headers, stream = await second
+        entry = await settled(proxy, "sse-1", "succeeded")
+        replayed = await post(proxy, {"n": 2}, "sse-1", path=ACTIONS)
+    stored = json.loads(entry.outcome)
+    assert stored["status"] == 201
+    assert json.loads(base64.b64decode(stored["body"]))["echo"] == {"n": 2}
+    assert replayed[0] == 201
+    assert replayed[1]["Idempotent-Replayed"] == "true"
+    assert json.loads(replayed[2])["echo"] == {"n": 2}
+    assert (status, headers["Content-Type"]) == (200, "text/event-stream")
+    assert stream.startswith(b": queued\n\n")
+    event = json.loads(stream.split(b"data: ", 1)[1])
+    assert (event["error"]["type"], event["error"]["status"]) == ("not_streamed", 201)
+    assert event["error"]["body"]["echo"] == {"n": 2}
+    assert provider.executions["sse-1"] == 1
