@@ -207,7 +207,7 @@ async def test_stalled_upstream_times_out(proxy: RunningProxy, provider: FakePro
         ("GET", "/http/fake/v1/a%2F..%2Fb", b"", {}, 400, "unsafe_path"),
         ("GET", "/http/fake//evil.example/x", b"", {}, 400, "unsafe_path"),
         ("GET", "/http/fake/http://evil.example/x", b"", {}, 400, "unsafe_path"),
-        ("GET", "/http/fake/v1/models", b"", {"X-Interlock-Class": "vip"}, 400, "bad_attribute"),
+        ("GET", "/http/fake/v1/models", b"", {"X-Interlock-Class": "vip"}, 400, "bad_class"),
     ],
 )
 async def test_bad_input_gets_a_specific_error_and_nothing_is_sent(
