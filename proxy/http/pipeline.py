@@ -8,7 +8,6 @@ admission slot) and for relaying the answer.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import hashlib
@@ -36,6 +35,7 @@ from proxy.http.attempts import CLIENT_GONE, admit, cooldown_remaining, forward,
 from proxy.http.context import HttpCall
 from proxy.http.outcomes import encode_outcome, replay_response
 from proxy.runtime.leases import AttemptNotClaimed, Lease, claim_refusal, keep_lease, next_attempt
+from proxy.runtime.ledger_writes import until_written
 from proxy.runtime.scheduler import AdmissionRefused
 from proxy.state import CONFIG, LEDGER
 from proxy.telemetry import metrics, tracing
@@ -372,8 +372,8 @@ class _EntryRecorder:
             with tracing.child_span(
                 "interlock.ledger.finish", attributes={tracing.Attr.LEDGER_STATE: state}
             ):
-                # shielded: a caller that goes away must not leave the entry `running`
-                await asyncio.shield(operation)
+                # a caller that goes away, or shutdown, must not leave the entry `running`
+                await until_written(operation)
             span.set_attribute("interlock.ledger.state", state)
         except StaleToken as exc:
             span.set_attribute("interlock.ledger.state", str(exc.state))

@@ -7,7 +7,12 @@ import asyncio
 import base64
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from ledger import LedgerStore
+from proxy.state import RUNTIME
 from tests.integration import fake_provider
 from tests.integration.fake_provider import FakeProvider, wait_until
 from tests.integration.http_calls import post, settled
@@ -93,3 +98,40 @@ async def test_a_queued_streaming_side_effect_answered_in_json_keeps_its_real_an
     assert (event["error"]["type"], event["error"]["status"]) == ("not_streamed", 201)
     assert event["error"]["body"]["echo"] == {"n": 2}
     assert provider.executions["sse-1"] == 1
+
+
+async def test_a_finish_interrupted_by_shutdown_still_lands(
+    provider: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The upstream answered and the outcome is being written when shutdown cancels the call:
+    the finish still commits before the ledger closes (`succeeded`, never left `running`)."""
+    text = config(provider) + "\n        shutdown_grace_s: 0\n"
+    writing, may_write = asyncio.Event(), asyncio.Event()
+    async with running_proxy(text, tmp_path) as proxy:
+        real_finish = proxy.store.finish
+
+        async def slow_finish(*args: Any, **kwargs: Any) -> Any:
+            writing.set()
+            await may_write.wait()  # held until the call has been cancelled
+            return await real_finish(*args, **kwargs)
+
+        monkeypatch.setattr(proxy.store, "finish", slow_finish)
+        caller = asyncio.create_task(post(proxy, {"n": 1}, "fin-1", path=ACTIONS))
+        await wait_until(writing.is_set)
+        (handler,) = proxy.app[RUNTIME].in_flight
+
+        async def release_once_cancelled() -> None:
+            await wait_until(lambda: handler.cancelling() > 0)
+            may_write.set()
+
+        releasing = asyncio.create_task(release_once_cancelled())
+    await releasing
+    caller.cancel()
+    await asyncio.gather(caller, return_exceptions=True)
+    store = await LedgerStore.open(proxy.config.ledger, owner="test")
+    try:
+        entry, _ = await store.get("fin-1")
+    finally:
+        await store.close()
+    assert entry.state == "succeeded"
+    assert provider.executions["fin-1"] == 1

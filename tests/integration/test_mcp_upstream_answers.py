@@ -3,6 +3,7 @@ proxy → real MCPServer, the server behind a gateway that can misbehave)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,8 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
+from ledger import LedgerStore
+from proxy.state import RUNTIME
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import RawMcp
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
@@ -182,3 +185,48 @@ async def test_a_modern_outcome_replays_to_a_legacy_client_without_modern_fields
     assert "resultType" not in result, json.dumps(result)
     assert "io.modelcontextprotocol/serverInfo" not in result["_meta"]
     assert fresh.stats()["calls"] == {"charge": 1}
+
+
+async def test_a_finish_interrupted_by_shutdown_still_lands(
+    fresh: RunningUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The upstream answered and the outcome is being written when shutdown cancels the call
+    (grace 0): the finish still commits before the ledger closes, so the entry is `succeeded`,
+    not left `running` to expire into `unknown`."""
+    grace = config(fresh).replace("lease_s: 5}", "lease_s: 5}\n        shutdown_grace_s: 0")
+    writing, may_write = asyncio.Event(), asyncio.Event()
+    async with running_proxy(grace, tmp_path) as proxy:
+        real_finish = proxy.store.finish
+
+        async def slow_finish(*args: Any, **kwargs: Any) -> Any:
+            writing.set()
+            await may_write.wait()  # held until the call has been cancelled
+            return await real_finish(*args, **kwargs)
+
+        monkeypatch.setattr(proxy.store, "finish", slow_finish)
+        client_call = asyncio.create_task(
+            call_once(proxy.mcp_url("up"), "charge", {"amount": 8}, "fin-1")
+        )
+        await wait_until(writing.is_set)
+        (handler,) = proxy.app[RUNTIME].in_flight
+
+        async def release_once_cancelled() -> None:
+            await wait_until(lambda: handler.cancelling() > 0)
+            may_write.set()
+
+        releasing = asyncio.create_task(release_once_cancelled())
+    await releasing  # the proxy has shut down: its drain cancelled the call
+    client_call.cancel()
+    await asyncio.gather(client_call, return_exceptions=True)
+    store = await LedgerStore.open(proxy.config.ledger, owner="test")
+    try:
+        entry, _ = await store.get("fin-1")
+    finally:
+        await store.close()
+    assert entry.state == "succeeded"
+    assert fresh.stats()["calls"] == {"charge": 1}
+
+
+async def call_once(url: str, tool: str, args: dict[str, Any], key: str) -> Any:
+    async with Client(url, mode="legacy") as client:
+        return await client.call_tool(tool, args, meta={KEY: key})

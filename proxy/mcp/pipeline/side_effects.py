@@ -34,6 +34,7 @@ from proxy.mcp.pipeline.attempts import ForwardPlan, forward_with_retries
 from proxy.mcp.pipeline.context import JsonObject, ToolCall
 from proxy.mcp.pipeline.outcomes import decode_replay, encode_outcome, outcome_state
 from proxy.runtime.leases import AttemptNotClaimed, Lease, claim_refusal, keep_lease, next_attempt
+from proxy.runtime.ledger_writes import until_written
 from proxy.runtime.scheduler import AdmissionRefused
 from proxy.state import CONFIG, LEDGER, SCHEDULER
 from proxy.telemetry import metrics, tracing
@@ -175,7 +176,7 @@ async def _mark_unknown(call: ToolCall, store: LedgerStore, lease: Lease, reason
         with tracing.child_span(
             "interlock.ledger.finish", attributes={"interlock.ledger.state": "unknown"}
         ):
-            await asyncio.shield(store.mark_unknown(lease.entry_id, lease.token, reason=reason))
+            await until_written(store.mark_unknown(lease.entry_id, lease.token, reason=reason))
     except LedgerError as exc:
         # The lease will run out and the sweeper marks the entry unknown: the record stays honest.
         call.span.set_attribute("interlock.ledger.error", str(exc))
@@ -189,7 +190,7 @@ async def _release(
         with tracing.child_span(
             "interlock.ledger.finish", attributes={"interlock.ledger.state": "rejected"}
         ):
-            await asyncio.shield(
+            await until_written(
                 store.release_unsent(
                     lease.entry_id, lease.token, reason=reason, retry_after_s=retry_after_s
                 )
@@ -213,12 +214,15 @@ async def _record(
         with tracing.child_span(
             "interlock.ledger.finish", attributes={"interlock.ledger.state": state}
         ):
-            await store.finish(
-                lease.entry_id,
-                lease.token,
-                state="failed" if state == "failed" else "succeeded",
-                outcome=encode_outcome(response),
-                error=json.dumps(error)[:2000] if error is not None else None,
+            # the upstream answered: its outcome is recorded even if shutdown cancels us now
+            await until_written(
+                store.finish(
+                    lease.entry_id,
+                    lease.token,
+                    state="failed" if state == "failed" else "succeeded",
+                    outcome=encode_outcome(response),
+                    error=json.dumps(error)[:2000] if error is not None else None,
+                )
             )
         call.span.set_attribute("interlock.ledger.state", state)
     except StaleToken as exc:
