@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable
 from typing import TypeVar
 
 __all__ = ["until_written"]
 
 T = TypeVar("T")
+log = logging.getLogger("interlock.ledger")
 
 
 async def until_written(write: Awaitable[T]) -> T:
@@ -29,4 +31,6 @@ async def until_written(write: Awaitable[T]) -> T:
         while not task.done():
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait({task})
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("a ledger write failed while its call was being cancelled: %s", error)
         raise
