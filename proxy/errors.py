@@ -37,7 +37,8 @@ class UpstreamNotReached(UpstreamError):
 
 
 class UpstreamPressure(UpstreamError):
-    """The upstream answered 429/503/529 before processing; `headers` carry its retry hints."""
+    """The upstream answered 429/503/529 (a cooldown); `headers` carry its retry hints. Whether it
+    proves "not executed" depends on the upstream (`policies.retry.not_executed_statuses`)."""
 
     def __init__(self, status: int, headers: Mapping[str, str], body: bytes = b"") -> None:
         super().__init__(f"upstream answered HTTP {status}")
