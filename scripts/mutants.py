@@ -148,11 +148,26 @@ MUTANTS = (
         ),
         why="a call that may have acted is re-sent blindly",
     ),
-    # ---- fingerprint without the operation (issue 10, case 3) -------------------------------
-    # Added with the contract's fingerprint change: policies/keys.py's fingerprint stops covering
-    # the operation (tool name / method + normalised path); its tests are the "same key, another
-    # operation" ones (MCP -32602 and HTTP 422). Mutant(name="fingerprint without the
-    # operation", path="policies/keys.py", ...)
+    Mutant(
+        name="fingerprint without the operation",
+        path="policies/keys.py",
+        module="policies.keys",
+        edits=(
+            (
+                "    return _sha256(canonical_json("
+                '{"operation": operation, "arguments": arguments}))',
+                '    return _sha256(canonical_json({"arguments": arguments}))',
+            ),
+        ),
+        tests=(
+            "tests/unit/test_keys.py::test_fingerprint_tells_operations_apart",
+            "tests/integration/test_mcp_idempotency_keys.py::"
+            "test_a_key_reused_for_another_tool_is_a_mismatch_not_a_replay",
+            "tests/integration/test_http_idempotency.py::"
+            "test_same_key_on_another_path_is_422_not_a_replay",
+        ),
+        why="a key reused for another operation replays the first one's outcome",
+    ),
 )
 
 
