@@ -118,13 +118,13 @@ async def test_a_finish_interrupted_by_shutdown_still_lands(
         monkeypatch.setattr(proxy.store, "finish", slow_finish)
         caller = asyncio.create_task(post(proxy, {"n": 1}, "fin-1", path=ACTIONS))
         await wait_until(writing.is_set)
-        (handler,) = proxy.app[RUNTIME].in_flight
+        runtime = proxy.app[RUNTIME]
 
-        async def release_once_cancelled() -> None:
-            await wait_until(lambda: handler.cancelling() > 0)
+        async def release_once_shutting_down() -> None:
+            await wait_until(lambda: runtime.shutting_down)
             may_write.set()
 
-        releasing = asyncio.create_task(release_once_cancelled())
+        releasing = asyncio.create_task(release_once_shutting_down())
     await releasing
     caller.cancel()
     await asyncio.gather(caller, return_exceptions=True)

@@ -208,14 +208,14 @@ async def test_a_finish_interrupted_by_shutdown_still_lands(
             call_once(proxy.mcp_url("up"), "charge", {"amount": 8}, "fin-1")
         )
         await wait_until(writing.is_set)
-        (handler,) = proxy.app[RUNTIME].in_flight
+        runtime = proxy.app[RUNTIME]
 
-        async def release_once_cancelled() -> None:
-            await wait_until(lambda: handler.cancelling() > 0)
+        async def release_once_shutting_down() -> None:
+            await wait_until(lambda: runtime.shutting_down)
             may_write.set()
 
-        releasing = asyncio.create_task(release_once_cancelled())
-    await releasing  # the proxy has shut down: its drain cancelled the call
+        releasing = asyncio.create_task(release_once_shutting_down())
+    await releasing  # the proxy has shut down while the finish was being written
     client_call.cancel()
     await asyncio.gather(client_call, return_exceptions=True)
     store = await LedgerStore.open(proxy.config.ledger, owner="test")
