@@ -16,6 +16,7 @@ from aiohttp import web
 from ledger import LedgerError, LedgerStore
 from policies.budget import RetryBudgets
 from policies.model import Config
+from proxy.edge import edge_guard
 from proxy.http.routes import setup_http
 from proxy.mcp import catalog
 from proxy.mcp.transport.routes import setup_mcp
@@ -47,7 +48,7 @@ def default_replica_id() -> str:
 
 def create_app(config: Config, *, replica_id: str | None = None) -> web.Application:
     """Build the proxy application for `config` (nothing is opened until the app starts)."""
-    app = web.Application(client_max_size=config.max_body_bytes)
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[edge_guard])
     app[CONFIG] = config
     app[REPLICA_ID] = replica_id or default_replica_id()
     app[RUNTIME] = Runtime()

@@ -101,17 +101,17 @@ async def test_pause_refuses_new_calls_until_resumed(
 
     monkeypatch.delenv("INTERLOCK_TEST_ADMIN_TOKEN", raising=False)
     async with running_proxy(CONFIG, tmp_path) as proxy, aiohttp.ClientSession() as http:
-        async with http.post(f"{proxy.base}/admin/scopes/tenant:acme/pause") as answer:
+        async with http.post(f"{proxy.base}/admin/scopes/tenant:acme/pause", json={}) as answer:
             assert answer.status == 200
         request = AdmissionRequest(tenant="acme", work_class="interactive", upstream="up")
         with pytest.raises(AdmissionRefused) as refused:
             await proxy.scheduler.admit(request)
         assert refused.value.refusal.reason == "paused"
-        async with http.post(f"{proxy.base}/admin/scopes/tenant:acme/resume") as answer:
+        async with http.post(f"{proxy.base}/admin/scopes/tenant:acme/resume", json={}) as answer:
             assert answer.status == 200
         slot = await proxy.scheduler.admit(request)
         slot.release()
-        async with http.post(f"{proxy.base}/admin/scopes/not a scope/pause") as answer:
+        async with http.post(f"{proxy.base}/admin/scopes/not a scope/pause", json={}) as answer:
             assert answer.status == 400
-        async with http.post(f"{proxy.base}/admin/upstreams/nope/end-cooldown") as answer:
+        async with http.post(f"{proxy.base}/admin/upstreams/nope/end-cooldown", json={}) as answer:
             assert answer.status == 404
