@@ -18,6 +18,7 @@ from policies.budget import RetryBudgets
 from policies.model import Config
 from proxy.edge import edge_guard
 from proxy.http.routes import setup_http
+from proxy.listener import setup_body_watch
 from proxy.mcp import catalog
 from proxy.mcp.transport.routes import setup_mcp
 from proxy.ops import admin, health
@@ -58,6 +59,7 @@ def create_app(config: Config, *, replica_id: str | None = None) -> web.Applicat
     app.cleanup_ctx.append(_ledger_ctx)
     app.on_shutdown.append(_begin_shutdown)
     catalog.setup(app)
+    setup_body_watch(app)
     health.setup(app)
     admin.setup(app)
     setup_metrics(app)
