@@ -130,7 +130,7 @@ async def test_malformed_header_lines_are_refused_without_logging_their_values(t
             writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + line + b"\r\n\r\n")
             answer = await _closed_by_server(reader)
             writer.close()
-            assert answer.startswith(b"HTTP/1.") and b" 400 " in answer.split(b"\r\n")[0]
+            assert b" 400 " in answer.split(b"\r\n")[0], answer[:100]
         assert await _healthy(port) == 200
         process.terminate()
         assert process.stdout is not None
