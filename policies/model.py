@@ -80,6 +80,8 @@ class TelemetrySettings:
     enabled: bool = True
     max_queue_size: int = 2048
     export_timeout_s: float = 5.0
+    metrics_token_env: str = "INTERLOCK_METRICS_TOKEN"
+    """When this environment variable is set, `/metrics` needs `Authorization: Bearer <it>`."""
 
 
 @dataclass(frozen=True, slots=True)

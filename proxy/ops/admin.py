@@ -106,7 +106,9 @@ async def stats(request: web.Request) -> web.Response:
     snapshot = request.app[SCHEDULER].snapshot()
     body: dict[str, Any] = {"scheduler": _jsonable(snapshot)}
     store = request.app[LEDGER].store
-    if store is not None:
+    if store is None:
+        body["ledger_error"] = request.app[LEDGER].error
+    else:
         try:
             body["ledger"] = await store.count_by_state()
         except LedgerError as exc:
