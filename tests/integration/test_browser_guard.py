@@ -136,6 +136,7 @@ async def test_requests_without_origin_and_allowed_origins_and_hosts_pass(
             async with http.get(url, headers=headers) as answer:
                 assert answer.status == 200, (headers, await answer.text())
         assert provider.count("/v1/models") == 5
+        assert not any("origin" in {h.lower() for h in r.headers} for r in provider.received)
 
 
 async def test_health_and_readiness_answer_any_host(tmp_path: Path, provider: FakeProvider):
