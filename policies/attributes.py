@@ -18,12 +18,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from policies.identity import key_tenant, mismatch_message
 from policies.model import WORK_CLASSES, Config, WorkClass
 
 __all__ = [
     "META_PREFIX",
     "BadAttribute",
     "RequestAttributes",
+    "TenantMismatch",
     "read_attributes",
 ]
 
@@ -43,11 +45,31 @@ _MAX_LENGTH = {"tenant": 128, "class": 128, "run": 128, "idempotency_key": 255, 
 
 class BadAttribute(ValueError):
     """A request attribute has a value the proxy cannot use; `name` is the attribute (`tenant`,
-    `run`, `class`, `idempotency_key`, `deadline`) and the message says what is wrong."""
+    `run`, `class`, `idempotency_key`, `deadline`) and the message says what is wrong.
+    `reason` is what the caller is told (`bad_<name>`); `status` the HTTP status (400)."""
+
+    status = 400
 
     def __init__(self, name: str, message: str) -> None:
         super().__init__(message)
         self.name = name
+
+    @property
+    def reason(self) -> str:
+        return f"bad_{self.name}"
+
+
+class TenantMismatch(BadAttribute):
+    """The caller names a tenant (header or `_meta`) other than the one its API key names."""
+
+    status = 403
+
+    def __init__(self, claimed: str) -> None:
+        super().__init__("tenant", mismatch_message(claimed))
+
+    @property
+    def reason(self) -> str:
+        return "tenant_mismatch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,14 +108,6 @@ def _pick(name: str, headers: Mapping[str, str], meta: Mapping[str, Any]) -> str
     return text
 
 
-def _tenant_from_api_key(headers: Mapping[str, str], config: Config) -> str | None:
-    if not config.tenant_api_keys:
-        return None
-    auth = headers.get("authorization", "")
-    token = auth[7:].strip() if auth.lower().startswith("bearer ") else headers.get("x-api-key")
-    return config.tenant_api_keys.get(token) if token else None
-
-
 def read_attributes(
     config: Config,
     headers: Mapping[str, str],
@@ -101,13 +115,21 @@ def read_attributes(
 ) -> RequestAttributes:
     """Read the request attributes from headers and `_meta`, applying the config's defaults.
 
+    With `tenants.api_keys` the tenant is the one the caller's key names; a tenant named in the
+    header or `_meta` must be that one. A deadline longer than the configured one is cut to it.
+
     Raises:
         BadAttribute: a value is malformed (too long, unprintable, unknown class, a deadline
-            that is no positive number).
+            that is no positive finite number); `TenantMismatch` for another tenant's name.
+        CallerRefused: API keys are configured and the caller's key is missing or unknown.
     """
     hdrs = _lower(headers)
     meta = meta or {}
-    tenant = _pick("tenant", hdrs, meta) or _tenant_from_api_key(hdrs, config) or DEFAULT_TENANT
+    claimed = _pick("tenant", hdrs, meta)
+    keyed = key_tenant(config, hdrs) if config.tenant_api_keys else None
+    if keyed is not None and claimed is not None and claimed != keyed:
+        raise TenantMismatch(claimed)
+    tenant = keyed or claimed or DEFAULT_TENANT
     work_class = _pick("class", hdrs, meta) or config.defaults.work_class
     if work_class not in WORK_CLASSES:
         raise BadAttribute(
@@ -127,7 +149,7 @@ def read_attributes(
             ) from None
         if not (deadline_ms > 0 and math.isfinite(deadline_ms)):
             raise BadAttribute("deadline", "deadline must be a positive number of ms")
-        deadline_s = deadline_ms / 1000.0
+        deadline_s = min(deadline_ms / 1000.0, config.defaults.deadline_s)
     return RequestAttributes(
         tenant=tenant,
         work_class=work_class,

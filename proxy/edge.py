@@ -1,7 +1,9 @@
 """The edge: checks every request to `/mcp`, `/http` and `/admin` before a route sees it.
 
 A browser page must not drive the proxy: a request whose `Origin` is not allowed is refused 403,
-one whose `Host` does not name us (DNS rebinding) 421 — the defence the MCP specification asks of
+one whose `Host` does not name us (DNS rebinding) 421. With `tenants.api_keys`, a request to
+`/mcp` or `/http` without a configured key is 401 and one whose `X-Interlock-Tenant` names
+another tenant 403, before anything is forwarded — the defence the MCP specification asks of
 every server, done here because the proxy does not forward `Origin` or `Host` upstream (so the
 upstream's own check cannot fire). `/healthz`, `/readyz` and `/metrics` are not guarded: probes
 and scrapers name the pod's address, and they change nothing. The decisions are
@@ -16,6 +18,7 @@ from aiohttp import web
 
 from policies.answers import CODE_INVALID_REQUEST, Answer, bad_request
 from policies.edge import host_allowed, origin_allowed
+from policies.identity import CallerRefused, key_tenant
 from proxy.state import CONFIG
 
 __all__ = ["GUARDED_PREFIXES", "edge_guard"]
@@ -57,4 +60,17 @@ async def edge_guard(request: web.Request, handler: Handler) -> web.StreamRespon
                 http_status=403,
             ),
         )
+    if config.tenant_api_keys and not request.path.startswith("/admin"):
+        try:
+            key_tenant(config, {k.lower(): v for k, v in request.headers.items()})
+        except CallerRefused as refused:
+            response = _refusal(
+                request,
+                bad_request(
+                    CODE_INVALID_REQUEST, refused.reason, str(refused), http_status=refused.status
+                ),
+            )
+            if refused.status == 401:
+                response.headers["WWW-Authenticate"] = 'Bearer realm="interlock"'
+            return response
     return await handler(request)

@@ -88,7 +88,7 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
     except UnsafePath as exc:
         return _reply(_bad("unsafe_path", str(exc)))
     except BadAttribute as exc:
-        return _reply(_bad(f"bad_{exc.name}", str(exc), code=answers.CODE_INVALID_PARAMS))
+        return _reply(_bad(exc.reason, str(exc), exc.status, code=answers.CODE_INVALID_PARAMS))
     path = target.path  # rules, classification and the ledger see what the upstream runs
     policy = classify_http(config, name, request.method, path)
     is_json = _is_json(request.content_type)

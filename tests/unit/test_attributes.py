@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from policies.attributes import BadAttribute, read_attributes
+from policies.attributes import BadAttribute, TenantMismatch, read_attributes
+from policies.identity import CallerRefused, key_tenant
 from policies.model import Config, UpstreamSpec
 
 CONFIG = Config(upstreams={"up": UpstreamSpec("up", "http", url="http://127.0.0.1:9")})
@@ -64,3 +65,42 @@ def test_a_meta_value_that_is_no_string_is_refused() -> None:
     with pytest.raises(BadAttribute) as caught:
         read_attributes(CONFIG, {}, {"interlock/tenant": {"id": 1}})
     assert caught.value.name == "tenant"
+
+
+def test_a_deadline_beyond_the_configured_one_is_cut_to_it() -> None:
+    """A caller cannot lift the deadline: a longer one is the configured one; shorter ones stand."""
+    config = Config(upstreams={})
+    far = read_attributes(config, {"X-Interlock-Deadline-Ms": "1e12"})
+    assert far.deadline_s == config.defaults.deadline_s
+    near = read_attributes(config, {"X-Interlock-Deadline-Ms": "1500"})
+    assert near.deadline_s == 1.5
+
+
+KEYED = Config(upstreams={}, tenant_api_keys={"key-a": "team-a"})
+
+
+def test_with_api_keys_the_key_names_the_tenant() -> None:
+    """The key's tenant wins; naming the same tenant is fine; naming another is a mismatch."""
+    assert read_attributes(KEYED, {"Authorization": "Bearer key-a"}).tenant == "team-a"
+    same = {"x-api-key": "key-a", "X-Interlock-Tenant": "team-a"}
+    assert read_attributes(KEYED, same).tenant == "team-a"
+    with pytest.raises(TenantMismatch) as caught:
+        read_attributes(KEYED, {"x-api-key": "key-a"}, {"interlock/tenant": "team-b"})
+    assert (caught.value.reason, caught.value.status) == ("tenant_mismatch", 403)
+
+
+@pytest.mark.parametrize(
+    ("headers", "reason"),
+    [
+        ({}, "missing_api_key"),
+        ({"Authorization": "Bearer nope"}, "unknown_api_key"),
+        ({"Authorization": "Basic a2V5LWE="}, "missing_api_key"),
+        ({"x-api-key": "key-a", "X-Interlock-Tenant": "team-b"}, "tenant_mismatch"),
+    ],
+)
+def test_callers_without_a_known_key_are_refused(headers: dict[str, str], reason: str) -> None:
+    """No key, an unknown key, or another scheme is 401; another tenant's name is 403."""
+    with pytest.raises(CallerRefused) as caught:
+        key_tenant(KEYED, {k.lower(): v for k, v in headers.items()})
+    assert caught.value.reason == reason
+    assert caught.value.status == (403 if reason == "tenant_mismatch" else 401)

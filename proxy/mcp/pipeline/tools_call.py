@@ -63,7 +63,7 @@ async def handle_tools_call(
     try:
         attrs = read_attributes(config, ctx.headers, meta)
     except BadAttribute as exc:
-        return _invalid_params(request, f"bad_{exc.name}", str(exc))
+        return _invalid_params(request, exc.reason, str(exc))
     tool: str = params["name"]
     arguments = params.get("arguments")  # absent is not the same call as {}
     policy = classify_tool(
