@@ -211,6 +211,7 @@ def _build_upstream(
         max_sessions=up.max_sessions,
         provider=up.kind,
         not_executed_statuses=frozenset(up.not_executed_statuses),
+        allowed_methods=frozenset(method.upper() for method in up.allowed_methods),
     )
 
 

@@ -20,6 +20,7 @@ NonNegativeFloat = Annotated[float, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 WorkClassName = Literal["critical", "interactive", "background", "bulk"]
 HttpStatus = Annotated[int, Field(ge=400, le=599, strict=True)]
+HttpMethod = Annotated[str, Field(pattern=r"^[A-Za-z]+$", min_length=1, max_length=16)]
 
 
 class _Strict(BaseModel):
@@ -92,6 +93,9 @@ class UpstreamIn(_Strict):
     max_sessions: PositiveInt = 32
     kind: Literal["openai", "anthropic", "generic"] = "generic"
     not_executed_statuses: list[HttpStatus] = Field(default_factory=list)
+    allowed_methods: list[HttpMethod] = Field(
+        default_factory=lambda: ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
+    )
 
 
 class KeyRecipeIn(_Strict):

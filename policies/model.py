@@ -158,6 +158,8 @@ class UpstreamSpec:
     """The config key `kind`: which model API an HTTP upstream speaks. Only `openai` and
     `anthropic` upstreams have inference endpoints (and 503/529 that prove "not executed")."""
     not_executed_statuses: frozenset[int] = frozenset()
+    allowed_methods: frozenset[str] = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
+    """HTTP upstreams: the methods forwarded (others are 405 at the proxy)."""
     """Statuses by which this upstream says a request was not executed, besides 429 (and the
     providers' 503/529)."""
 

@@ -69,7 +69,8 @@ def _decode_segment(segment: str) -> str:
         decoded = unquote(segment, errors="strict")
     except UnicodeDecodeError:
         raise UnsafePath(f"path segment {segment!r} does not decode to UTF-8") from None
-    if decoded in (".", ".."):
+    if decoded.split(";", 1)[0] in (".", ".."):
+        # `..;x` is a dot segment to servers that strip path parameters (Tomcat, Spring)
         raise UnsafePath(f"path segment {segment!r} is a dot segment")
     if _ESCAPE.search(decoded):
         raise UnsafePath(f"path segment {segment!r} is encoded twice")

@@ -82,6 +82,12 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
     spec = config.upstreams.get(name)
     if spec is None or spec.kind != "http" or not spec.url:
         return _reply(_bad("unknown_upstream", f"No HTTP upstream named {name!r}.", 404))
+    if request.method not in spec.allowed_methods:
+        response = _reply(
+            _bad("method_not_allowed", f"{request.method[:16]} is not forwarded to {name}.", 405)
+        )
+        response.headers["Allow"] = ", ".join(sorted(spec.allowed_methods))
+        return response
     try:
         target = upstream_target(spec.url, tail, request.rel_url.raw_query_string)
         attrs = read_attributes(config, request.headers)

@@ -376,3 +376,34 @@ async def test_query_string_reaches_the_upstream_byte_for_byte(
     ):
         assert response.status == 200
     assert provider.received[0].query == raw
+
+
+@pytest.mark.parametrize(
+    ("method", "status"),
+    [("TRACE", 405), ("OPTIONS", 405), ("PROPFIND", 405), ("CONNECT", 404), ("FOO", 400)],
+)
+async def test_methods_outside_allowed_methods_are_refused_and_not_forwarded(
+    proxy: RunningProxy, provider: FakeProvider, method: str, status: int
+) -> None:
+    """TRACE would echo the injected credentials back (and into the ledger): only the upstream's
+    `allowed_methods` (default GET, HEAD, POST, PUT, PATCH, DELETE) are forwarded, others are
+    405 (CONNECT matches no route and aiohttp refuses unknown tokens before any route)."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(method, f"{proxy.base}/http/fake/v1/models") as answer,
+    ):
+        assert answer.status == status
+        if status == 405:
+            assert "GET" in answer.headers["Allow"]
+    assert provider.received == []
+
+
+async def test_allowed_methods_are_configurable(provider: FakeProvider, tmp_path: Path) -> None:
+    """An upstream that allows only GET refuses a POST (405) and still serves GET."""
+    text = config(provider, upstream_extra="allowed_methods: [GET]")
+    async with running_proxy(text, tmp_path) as proxy, aiohttp.ClientSession() as session:
+        async with session.post(f"{proxy.base}/http/fake/v1/chat/completions", json={}) as answer:
+            assert answer.status == 405
+        async with session.get(f"{proxy.base}/http/fake/v1/models") as answer:
+            assert answer.status == 200
+    assert [r.method for r in provider.received] == ["GET"]
