@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ledger.states import EntryState
-from ledger.views import EntryView
+from ledger.views import EntryView, Outcome, OutcomeDigest
 
 __all__ = [
     "ROW_FIELDS",
@@ -264,20 +264,25 @@ def cap_text(text: str | None, max_bytes: int) -> str | None:
     return raw[:room].decode(errors="ignore") + marker
 
 
-def stored_outcome(outcome: bytes | None, max_bytes: int) -> tuple[bytes | None, str | None, bool]:
+def stored_outcome(outcome: Outcome, max_bytes: int) -> tuple[bytes | None, str | None, bool]:
     """(bytes to keep, sha256 hex, retained): over `max_bytes` only the hash is kept."""
     if outcome is None:
         return None, None, True
+    if isinstance(outcome, OutcomeDigest):
+        return None, outcome.sha256, False
     digest = hashlib.sha256(outcome).hexdigest()
     if len(outcome) > max_bytes:
         return None, digest, False
     return outcome, digest, True
 
 
-def describe_report(outcome: bytes | None, error: str | None, max_bytes: int) -> dict[str, Any]:
+def describe_report(outcome: Outcome, error: str | None, max_bytes: int) -> dict[str, Any]:
     """Evidence describing a report the ledger refused: the outcome itself when small enough."""
     evidence: dict[str, Any] = {"error": error}
-    if outcome is not None:
+    if isinstance(outcome, OutcomeDigest):
+        evidence["outcome_sha256"] = outcome.sha256
+        evidence["outcome_bytes"] = outcome.size
+    elif outcome is not None:
         evidence["outcome_sha256"] = hashlib.sha256(outcome).hexdigest()
         evidence["outcome_bytes"] = len(outcome)
         if len(outcome) <= max_bytes:

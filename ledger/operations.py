@@ -30,7 +30,7 @@ from ledger.batch import (
 )
 from ledger.errors import EntryNotFound, IllegalTransition, StaleToken
 from ledger.states import NEEDS_RECONCILIATION, TERMINAL, EntryState
-from ledger.views import ClaimRequest, ClaimResult, EntryView
+from ledger.views import ClaimRequest, ClaimResult, EntryView, Outcome
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -214,7 +214,7 @@ class Finish:
     entry_id: str
     token: int
     state: Literal["succeeded", "failed"]
-    outcome: bytes | None
+    outcome: Outcome
     error: str | None
 
     def declare(self, needs: Needs) -> None:

@@ -36,7 +36,7 @@ from ledger.operations import (
 )
 from ledger.reconcile_ops import Purge, Resolve, Sweep
 from ledger.states import EntryState
-from ledger.views import ClaimRequest, ClaimResult, EntryView, TransitionView
+from ledger.views import ClaimRequest, ClaimResult, EntryView, Outcome, TransitionView
 from ledger.writer import GroupCommitWriter, WriterStats
 from policies.model import LedgerSettings
 
@@ -160,7 +160,7 @@ class LedgerStore:
         token: int,
         *,
         state: Literal["succeeded", "failed"],
-        outcome: bytes | None,
+        outcome: Outcome,
         error: str | None = None,
     ) -> EntryView:
         """Record the confirmed outcome of a running entry this token owns.
@@ -183,7 +183,7 @@ class LedgerStore:
         token: int,
         *,
         state: Literal["succeeded", "failed"],
-        outcome: bytes | None,
+        outcome: Outcome,
         error: str | None = None,
         until: float,
     ) -> asyncio.Task[EntryView]:

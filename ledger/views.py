@@ -16,12 +16,28 @@ __all__ = [
     "ClaimRequest",
     "ClaimResult",
     "EntryView",
+    "Outcome",
+    "OutcomeDigest",
     "TransitionView",
     "entry_json",
     "transition_json",
 ]
 
 ClaimKind = Literal["new", "replay", "in_progress", "mismatch", "needs_reconciliation"]
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeDigest:
+    """An outcome the caller saw but the proxy did not keep (larger than `max_outcome_bytes`):
+    only its sha256 and size, computed as it streamed through. Recorded like an outcome too large
+    to keep: no bytes, the hash, `outcome_retained=False`."""
+
+    sha256: str
+    size: int
+
+
+Outcome = bytes | OutcomeDigest | None
+"""What a finish reports: the outcome's bytes, its digest only, or nothing."""
 
 
 @dataclass(frozen=True, slots=True)

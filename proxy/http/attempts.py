@@ -25,6 +25,7 @@ from proxy.errors import UpstreamError, UpstreamNotReached, UpstreamPressure
 from proxy.http.context import HttpCall
 from proxy.http.downstream import sse_error_event
 from proxy.http.headers import request_headers, response_headers
+from proxy.http.outcomes import KeptBody
 from proxy.http.upstream import HTTP_SESSIONS, Opened, is_sse, open_upstream, read_chunk
 from proxy.http.usage import StreamUsage, usage_from_json
 from proxy.runtime.scheduler import AdmissionRefused, Slot
@@ -184,11 +185,11 @@ def cooldown_remaining(call: HttpCall) -> float:
 # ---------------------------------------------------------------------------------- relay
 
 
-async def relay(call: HttpCall, opened: Opened, *, collect: bool) -> bytes:
-    """Copy the upstream's answer to the caller as it arrives; returns the body if `collect`.
+async def relay(call: HttpCall, opened: Opened, *, keep: KeptBody | None = None) -> None:
+    """Copy the upstream's answer to the caller as it arrives.
 
-    With `collect` (a side-effecting call) the body is read to the end even if the caller left,
-    so the ledger records what really happened.
+    With `keep` (a side-effecting call) the body is read to the end even if the caller left, so
+    the ledger records what really happened; `keep` holds it within its cap and hashes it all.
 
     Raises:
         UpstreamLost, UpstreamTimeout: the upstream's body was cut off or stalled.
@@ -196,9 +197,9 @@ async def relay(call: HttpCall, opened: Opened, *, collect: bool) -> bytes:
     response = opened.response
     sse = is_sse(opened)
     stream_usage = StreamUsage() if call.policy.costly and sse else None
-    keep = collect or (call.policy.costly and not sse)
+    usage_body = call.policy.costly and not sse
     if call.downstream.sse_opened_early and not (sse and response.status < 300):
-        return await _relay_as_error_event(call, opened, collect=collect)
+        return await _relay_as_error_event(call, opened, keep=keep)
     if not call.downstream.committed:
         await call.downstream.start(response.status, response_headers(response.headers.items()))
     parts: list[bytes] = []
@@ -208,7 +209,9 @@ async def relay(call: HttpCall, opened: Opened, *, collect: bool) -> bytes:
     while chunk:
         if stream_usage is not None:
             stream_usage.feed(chunk)
-        if keep and (collect or size <= _USAGE_BODY_CAP):
+        if keep is not None:
+            keep.add(chunk)
+        if usage_body and size <= _USAGE_BODY_CAP:
             parts.append(chunk)
             size += len(chunk)
         last = response.content.at_eof()  # then the end marker goes out with this chunk
@@ -217,31 +220,37 @@ async def relay(call: HttpCall, opened: Opened, *, collect: bool) -> bytes:
                 await (call.downstream.end(chunk) if last else call.downstream.write(chunk))
             except CLIENT_GONE:
                 client_here = False
-                if not collect:
+                if keep is None:
                     break
         if last:
             break
         chunk = await read_chunk(response)
-    body = b"".join(parts)
     if stream_usage is not None:
         call.usage = stream_usage.result()
-    elif call.policy.costly and response.status < 300 and size <= _USAGE_BODY_CAP:
-        call.usage = usage_from_json(body)
-    return body
+    elif usage_body and response.status < 300 and size <= _USAGE_BODY_CAP:
+        call.usage = usage_from_json(b"".join(parts))
+    return None
 
 
-async def _relay_as_error_event(call: HttpCall, opened: Opened, *, collect: bool) -> bytes:
+async def _relay_as_error_event(call: HttpCall, opened: Opened, *, keep: KeptBody | None) -> None:
     """The caller already has an SSE stream open (it waited) and the upstream did not stream:
     its answer goes to the caller as one SSE `error` event, an upstream error as that error,
     anything else (a success in JSON) as `not_streamed` with the status and the body.
 
-    With `collect` (a side effect) the whole body is read and returned, so the ledger keeps the
-    real answer and a repeat of the key replays it; otherwise only what the event shows is read.
+    With `keep` (a side effect) the whole body is read into it, so the ledger keeps the real
+    answer and a repeat of the key replays it; otherwise only what the event shows is read.
     """
     parts: list[bytes] = [opened.first]
     size = len(opened.first)
-    while (collect or size < _ERROR_BODY_CAP) and (chunk := await read_chunk(opened.response)):
-        parts.append(chunk)
+    if keep is not None:
+        keep.add(opened.first)
+    while (keep is not None or size < _ERROR_BODY_CAP) and (
+        chunk := await read_chunk(opened.response)
+    ):
+        if keep is not None:
+            keep.add(chunk)
+        if size < _ERROR_BODY_CAP:
+            parts.append(chunk)
         size += len(chunk)
     whole = b"".join(parts)
     status = opened.response.status
@@ -256,7 +265,6 @@ async def _relay_as_error_event(call: HttpCall, opened: Opened, *, collect: bool
     call.span.set_attribute("http.response.status_code", status)
     with contextlib.suppress(*CLIENT_GONE):
         await call.downstream.write(sse_error_event(event))
-    return whole
 
 
 def _not_streamed(call: HttpCall, status: int, answer: Any) -> dict[str, Any]:

@@ -1,18 +1,24 @@
-"""A side-effecting HTTP call's answer in the ledger: stored (`encode_outcome`) and given back
-byte-identical to a caller that repeats the call (`replay_response`)."""
+"""A side-effecting HTTP call's answer in the ledger: kept as it streams (`KeptBody`, bounded by
+`max_outcome_bytes`), stored (`outcome_of`) and given back byte-identical to a caller that repeats
+the call (`replay_response`).
+
+An answer too large to keep is relayed whole to the caller but recorded as its body's sha256 and
+size only (`OutcomeDigest`); a repeat of its key is then answered `outcome_not_retained`."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from collections.abc import Iterable
 
 from aiohttp import web
 from multidict import CIMultiDict
 
+from ledger import Outcome, OutcomeDigest
 from proxy.http.headers import response_headers
 
-__all__ = ["REPLAYED_HEADER", "encode_outcome", "replay_response"]
+__all__ = ["REPLAYED_HEADER", "KeptBody", "encode_outcome", "outcome_of", "replay_response"]
 
 # Response headers that describe this one exchange, not the outcome: never stored or replayed.
 _NOT_REPLAYED = frozenset(
@@ -32,6 +38,51 @@ def encode_outcome(status: int, headers: Iterable[tuple[str, str]], body: bytes)
     ]
     record = {"v": 1, "status": status, "headers": kept, "body": base64.b64encode(body).decode()}
     return json.dumps(record, separators=(",", ":")).encode()
+
+
+class KeptBody:
+    """An answer's body as the ledger may keep it: whole while it fits in `cap` bytes, hashed
+    throughout; past the cap the kept bytes are dropped, so memory stays bounded."""
+
+    __slots__ = ("_cap", "_digest", "_parts", "overflowed", "size")
+
+    def __init__(self, cap: int) -> None:
+        self._cap = cap
+        self._digest = hashlib.sha256()
+        self._parts: list[bytes] = []
+        self.size = 0
+        self.overflowed = False
+
+    def add(self, chunk: bytes) -> None:
+        self._digest.update(chunk)
+        self.size += len(chunk)
+        if self.overflowed:
+            return
+        if self.size > self._cap:
+            self.overflowed = True
+            self._parts.clear()
+        else:
+            self._parts.append(chunk)
+
+    @property
+    def body(self) -> bytes | None:
+        """The whole body, or None once it outgrew the cap."""
+        return None if self.overflowed else b"".join(self._parts)
+
+    def digest(self) -> OutcomeDigest:
+        return OutcomeDigest(sha256=self._digest.hexdigest(), size=self.size)
+
+
+def outcome_of(
+    status: int, headers: Iterable[tuple[str, str]], kept: KeptBody, cap: int
+) -> Outcome:
+    """What the ledger records for an answer: the encoded record, or the body's digest when the
+    body (or its encoded record) is larger than `cap`."""
+    body = kept.body
+    if body is None:
+        return kept.digest()
+    record = encode_outcome(status, headers, body)
+    return record if len(record) <= cap else kept.digest()
 
 
 def replay_response(outcome: bytes) -> web.Response:

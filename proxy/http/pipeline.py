@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from ledger import EntryView, LedgerError, LedgerStore, LedgerUnavailable, StaleToken
+from ledger import EntryView, LedgerError, LedgerStore, LedgerUnavailable, Outcome, StaleToken
 from policies import answers
 from policies.admission import Refusal
 from policies.answers import CODE_INVALID_REQUEST, Answer
@@ -33,7 +33,7 @@ from proxy.errors import (
 )
 from proxy.http.attempts import CLIENT_GONE, admit, cooldown_remaining, forward, relay
 from proxy.http.context import HttpCall
-from proxy.http.outcomes import encode_outcome, replay_response
+from proxy.http.outcomes import KeptBody, outcome_of, replay_response
 from proxy.runtime.leases import (
     AttemptNotClaimed,
     Lease,
@@ -94,7 +94,7 @@ async def _run_plain(call: HttpCall) -> web.StreamResponse:
     except UpstreamError as exc:
         return await call.answer(_failure_answer(exc))
     try:
-        await relay(call, opened, collect=False)
+        await relay(call, opened)
     except UpstreamError as exc:
         opened.response.close()
         return await call.fail(_failure_answer(exc), opened)
@@ -192,7 +192,8 @@ async def _forward_and_record(
             detail = f"upstream answered HTTP {status}"
             await ledger.unknown(detail)
             return await call.answer(answers.outcome_unknown(key, entry_id, detail))
-        body = await relay(call, opened, collect=True)
+        kept = KeptBody(cap := call.app[CONFIG].ledger.max_outcome_bytes)
+        await relay(call, opened, keep=kept)
     except UpstreamError as exc:
         await ledger.unknown(f"answer cut off: {exc}")
         return await call.fail(answers.outcome_unknown(key, entry_id, "answer cut off"), opened)
@@ -206,7 +207,7 @@ async def _forward_and_record(
     else:
         # A 4xx is the upstream's answer (a declined card stays declined): it is recorded as
         # `failed` and replayed to a retry with the same key, like a success would be.
-        outcome = encode_outcome(status, opened.response.headers.items(), body)
+        outcome = outcome_of(status, opened.response.headers.items(), kept, cap)
         await ledger.finish(outcome, failed=status >= 400)
     return await _end(call)
 
@@ -349,7 +350,7 @@ class _EntryRecorder:
     def __init__(self, call: HttpCall, store: LedgerStore, lease: Lease) -> None:
         self._call, self._store, self._lease = call, store, lease
 
-    async def finish(self, outcome: bytes, *, failed: bool = False) -> None:
+    async def finish(self, outcome: Outcome, *, failed: bool = False) -> None:
         state: Literal["succeeded", "failed"] = "failed" if failed else "succeeded"
         lease = self._lease
         await self._write(state, record_finish(self._store, lease, state=state, outcome=outcome))

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
 
-from ledger import ClaimRequest, ClaimResult, EntryView, LedgerError, LedgerStore
+from ledger import ClaimRequest, ClaimResult, EntryView, LedgerError, LedgerStore, Outcome
 from policies import answers
 from policies.answers import Answer
 
@@ -142,7 +142,7 @@ async def record_finish(
     lease: Lease,
     *,
     state: Literal["succeeded", "failed"],
-    outcome: bytes | None,
+    outcome: Outcome,
     error: str | None = None,
 ) -> EntryView | None:
     """Record the call's confirmed outcome without holding up its answer: the finish runs in the

@@ -15,7 +15,8 @@ Behaviours (`Behaviour` values, or the shorthand strings of `behaviour()`):
   before answering;
 - `error`: status 500 with an OpenAI-style error body.
 
-Routes: `POST /v1/chat/completions` (OpenAI), `POST /v1/messages` (Anthropic), `POST /v1/actions`
+Routes: `POST /v1/chat/completions` (OpenAI), `POST /v1/messages` (Anthropic), `POST /v1/exports`
+(a side effect answering `?bytes=N` streamed bytes), `POST /v1/actions`
 (a side-effecting JSON endpoint counting executions per `Idempotency-Key` in
 `provider.executions`; `POST /v1/threads/{id}/messages` and `POST /send-mail` are the same
 endpoint under names that look like inference or like a rule's glob), `POST /v1/transfers` (a
@@ -323,6 +324,19 @@ class _Handlers:
             headers={"X-Fake-Action": "done"},
         )
 
+    async def exports(self, request: web.Request) -> web.StreamResponse:
+        """A side effect with a large answer: `?bytes=N` streamed in 64 KB chunks of a pattern
+        whose sha256 is `export_digest(N)`; executions counted per `Idempotency-Key`."""
+        await self.record(request)
+        self.p.executions[request.headers.get("Idempotency-Key", "")] += 1
+        size = int(request.query.get("bytes", "0"))
+        response = web.StreamResponse(status=200, headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        for offset in range(0, size, EXPORT_CHUNK):
+            await response.write(_export_chunk(min(EXPORT_CHUNK, size - offset)))
+        await response.write_eof()
+        return response
+
     async def gateway(self, request: web.Request) -> web.StreamResponse:
         """A gateway in front of a backend that acted, then answered 503 (not proof of nothing)."""
         await self.record(request)
@@ -396,6 +410,21 @@ class _Handlers:
         return response or web.Response()
 
 
+EXPORT_CHUNK = 64 * 1024
+
+
+def _export_chunk(size: int) -> bytes:
+    return (b"0123456789abcdef" * (EXPORT_CHUNK // 16))[:size]
+
+
+def export_digest(size: int) -> str:
+    """The sha256 of what `POST /v1/exports?bytes=size` answers."""
+    digest = hashlib.sha256()
+    for offset in range(0, size, EXPORT_CHUNK):
+        digest.update(_export_chunk(min(EXPORT_CHUNK, size - offset)))
+    return digest.hexdigest()
+
+
 def make_app(provider: FakeProvider) -> web.Application:
     handlers = _Handlers(provider)
     app = web.Application()
@@ -406,6 +435,7 @@ def make_app(provider: FakeProvider) -> web.Application:
     app.router.add_post("/send-mail", handlers.actions)
     app.router.add_post("/v1/transfers", handlers.gateway)
     app.router.add_get("/v1/models", handlers.models)
+    app.router.add_post("/v1/exports", handlers.exports)
     app.router.add_put("/v1/blobs/{name}", handlers.blobs)
     app.router.add_get("/v1/redirect", handlers.redirect)
     app.router.add_route("*", "/{tail:.*}", handlers.other)
