@@ -135,7 +135,9 @@ async def _list_all(app: web.Application, spec: UpstreamSpec) -> None:
             await _list_pages(app, spec.name, client)
         return
     assert spec.url is not None
-    async with httpx2.AsyncClient(headers=dict(spec.headers), timeout=_TIMEOUT_S) as http:
+    # trust_env=False: an environment HTTP(S)_PROXY must never see the injected credentials
+    client = httpx2.AsyncClient(headers=dict(spec.headers), timeout=_TIMEOUT_S, trust_env=False)
+    async with client as http:
         transport = streamable_http_client(spec.url, http_client=http)
         async with Client(transport, mode="auto") as client:
             await _list_pages(app, spec.name, client)

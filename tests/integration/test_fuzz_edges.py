@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import http.client
 import json
-import socket
 import textwrap
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -30,42 +29,10 @@ from proxy.app import create_app
 from tests.integration.fake_provider import FakeProvider, running_provider
 from tests.integration.mcp_servers import running_upstream
 from tests.integration.proxy_harness import serving
+from tests.integration.sentinel import Sentinel
 
 EXAMPLES = 300
 UPSTREAM_CAUSED = {"upstream", "upstream_unreachable", "upstream_lost", "outcome_unknown"}
-
-
-@dataclass
-class Sentinel:
-    """A listener on a port no upstream uses: any connection to it is a proxy going astray."""
-
-    port: int = 0
-    connections: int = 0
-    _socket: socket.socket | None = None
-
-    def start(self) -> None:
-        self._socket = socket.socket()
-        self._socket.bind(("127.0.0.1", 0))
-        self._socket.listen(64)
-        self._socket.settimeout(0.2)
-        self.port = self._socket.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        assert self._socket is not None
-        while True:
-            try:
-                conn, _ = self._socket.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.connections += 1
-            conn.close()
-
-    def stop(self) -> None:
-        if self._socket is not None:
-            self._socket.close()
 
 
 @dataclass

@@ -6,11 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from policies.model import LedgerSettings
 from proxy.mcp.catalog import tool_annotations
 from tests.integration import mcp_proxy_harness
-from tests.integration.mcp_proxy_harness import RawMcp, running_proxy, stdio_upstream
+from tests.integration.mcp_proxy_harness import (
+    RawMcp,
+    http_upstream,
+    running_proxy,
+    stdio_upstream,
+)
+from tests.integration.mcp_servers import running_upstream
+from tests.integration.sentinel import Sentinel
 
 http = mcp_proxy_harness.http
 
@@ -45,3 +53,33 @@ async def test_a_stdio_tool_never_listed_is_classified_by_its_annotations(
         assert tool_annotations(proxy.app, "st", "search_docs") == {"readOnlyHint": True}
     assert read.last["result"]["content"][0]["text"] == "3 results for 'q'"
     assert send.last["error"]["code"] == -32054
+
+
+async def test_listing_tools_ignores_proxy_settings_in_the_environment(
+    tmp_path: Path, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proxy's own tools/list carries the upstream's injected credentials: an HTTP_PROXY in
+    the environment must not receive it (only configured upstreams are ever contacted)."""
+    sentinel = Sentinel().start()
+    try:
+        with running_upstream() as upstream:  # started first: its health check uses urllib
+            for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "all_proxy"):
+                monkeypatch.setenv(name, sentinel.url)
+            monkeypatch.delenv("NO_PROXY", raising=False)
+            monkeypatch.delenv("no_proxy", raising=False)
+            upstreams = {"up": http_upstream("up", upstream.url, headers={"X-Key": "secret"})}
+            async with running_proxy(upstreams, tmp_path, read_only=False, ledger=DOWN) as proxy:
+                raw = RawMcp(http, proxy.mcp_url("up"))
+                await raw.initialize()
+                await raw.post(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": 1,
+                        "method": "tools/call",
+                        "params": {"name": "search_docs", "arguments": {"query": "q"}},
+                    }
+                )
+                assert tool_annotations(proxy.app, "up", "search_docs") == {"readOnlyHint": True}
+    finally:
+        sentinel.stop()
+    assert sentinel.connections == 0
