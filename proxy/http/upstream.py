@@ -8,6 +8,8 @@ only ever sees our own exception tree.
 from __future__ import annotations
 
 import asyncio
+import errno
+import socket
 from dataclasses import dataclass
 
 import aiohttp
@@ -51,12 +53,26 @@ def is_sse(opened: Opened) -> bool:
 
 
 def _translate(exc: BaseException) -> UpstreamError:
-    """aiohttp's and the OS's transport errors as our exception tree (call with `from exc`)."""
-    if isinstance(exc, aiohttp.ConnectionTimeoutError | aiohttp.ClientConnectorError):
-        return UpstreamNotReached(f"upstream not reached: {exc}")
+    """aiohttp's and the OS's transport errors as our exception tree (call with `from exc`).
+
+    The message reaches callers, so it names what failed but never the upstream's address (the
+    cause, kept as `__cause__`, has it for the log)."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return UpstreamNotReached("upstream not reached (connect timeout)")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return UpstreamNotReached(f"upstream not reached ({_os_error(exc.os_error)})")
     if isinstance(exc, aiohttp.ServerTimeoutError | asyncio.TimeoutError):
         return UpstreamTimeout("upstream did not answer within the attempt timeout")
-    return UpstreamLost(f"upstream connection lost: {exc.__class__.__name__}: {exc}")
+    if isinstance(exc, OSError):
+        return UpstreamLost(f"upstream connection lost ({_os_error(exc)})")
+    return UpstreamLost(f"upstream connection lost ({exc.__class__.__name__})")
+
+
+def _os_error(error: OSError) -> str:
+    """An OS error by its name (ECONNREFUSED), without the address its text carries."""
+    if isinstance(error, socket.gaierror):
+        return "name lookup failed"
+    return errno.errorcode.get(error.errno or 0, type(error).__name__)
 
 
 _TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, asyncio.TimeoutError)

@@ -136,8 +136,8 @@ async def _list_all(app: web.Application, spec: UpstreamSpec) -> None:
         return
     assert spec.url is not None
     # trust_env=False: an environment HTTP(S)_PROXY must never see the injected credentials
-    client = httpx2.AsyncClient(headers=dict(spec.headers), timeout=_TIMEOUT_S, trust_env=False)
-    async with client as http:
+    listing = httpx2.AsyncClient(headers=dict(spec.headers), timeout=_TIMEOUT_S, trust_env=False)
+    async with listing as http:
         transport = streamable_http_client(spec.url, http_client=http)
         async with Client(transport, mode="auto") as client:
             await _list_pages(app, spec.name, client)

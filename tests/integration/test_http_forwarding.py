@@ -356,13 +356,17 @@ async def test_redirects_are_relayed_not_followed(
 
 
 async def test_unreachable_upstream_is_a_502(proxy: RunningProxy) -> None:
-    """Connection refused (nothing sent, retried as policy allows) ends in 502."""
+    """Connection refused (nothing sent, retried as policy allows) ends in 502 that names the
+    failure but not the upstream's internal address."""
     async with (
         aiohttp.ClientSession() as session,
         session.get(f"{proxy.base}/http/dead/v1/models") as response,
     ):
         assert response.status == 502
-        assert (await response.json())["error"]["reason"] == "upstream_unreachable"
+        text = await response.text()
+    assert json.loads(text)["error"]["reason"] == "upstream_unreachable"
+    assert "127.0.0.1" not in text  # the caller learns which upstream, never its address
+    assert "ECONNREFUSED" in text
 
 
 async def test_query_string_reaches_the_upstream_byte_for_byte(
