@@ -93,6 +93,8 @@ class Classification:
     idempotent_hint: bool = False
     gen_ai_operation: str | None = None
     dedup_window_s: float = 300.0
+    redact: tuple[str, ...] = ()
+    """Argument fields (dotted paths) stored only as a hash: the rule's `redact`."""
 
 
 def is_http_rule(rule: ToolRule) -> bool:
@@ -191,4 +193,5 @@ def _build(
         source=source,
         idempotent_hint=idempotent,
         dedup_window_s=window,
+        redact=rule.redact if rule is not None else (),
     )

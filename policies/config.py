@@ -235,6 +235,7 @@ def _build_rule(index: int, rule: ToolRuleIn) -> ToolRule:
         reject_as=rule.reject_as,
         timeout_s=rule.timeout_s,
         work_class=rule.work_class,
+        redact=tuple(rule.redact),
     )
 
 

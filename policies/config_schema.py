@@ -114,6 +114,7 @@ class ToolRuleIn(_Strict):
     reject_as: Literal["error", "tool_error"] = "error"
     timeout_s: PositiveFloat | None = None
     work_class: WorkClassName | None = Field(None, alias="class")
+    redact: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
 
 
 class BudgetsIn(_Strict):

@@ -200,6 +200,8 @@ class ToolRule:
     reject_as: RejectAs = "error"
     timeout_s: float | None = None
     work_class: WorkClass | None = None
+    redact: tuple[str, ...] = ()
+    """Argument fields (dotted paths, e.g. `card.number`) the ledger keeps only as a sha256."""
 
 
 @dataclass(frozen=True, slots=True)

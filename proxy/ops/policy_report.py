@@ -66,7 +66,8 @@ def print_policy(config: Config, console: Console | None = None) -> None:
     console.print(upstreams)
 
     rules = Table(title="Tool rules (first match wins)", title_justify="left")
-    for column in ("#", "match", "side_effect", "key", "cost_class", "retry_budget", "reject_as"):
+    columns = ("#", "match", "side_effect", "key", "cost_class", "retry_budget", "reject_as")
+    for column in (*columns, "redact"):
         rules.add_column(column)
     for rule in config.tools:
         key = "default" if rule.key is None else _key(rule.key)
@@ -79,9 +80,10 @@ def print_policy(config: Config, console: Console | None = None) -> None:
             rule.cost_class or "-",
             _num(rule.retry_budget),
             rule.reject_as,
+            ", ".join(rule.redact) or "-",
         )
     if not config.tools:
-        rules.add_row("-", "(none: tool annotations, then built-in defaults)", "", "", "", "", "")
+        rules.add_row("-", "(none: tool annotations, then built-in defaults)", *[""] * 6)
     console.print(rules)
 
 

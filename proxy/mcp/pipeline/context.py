@@ -17,6 +17,7 @@ from policies.attributes import RequestAttributes
 from policies.classify import Classification
 from policies.keys import KeyDecision
 from policies.model import UpstreamSpec, WorkClass
+from policies.redaction import redacted
 from proxy.telemetry import tracing
 
 __all__ = ["JsonObject", "McpCallContext", "Notify", "OnWait", "SendUpstream", "ToolCall"]
@@ -86,7 +87,8 @@ class ToolCall:
     def claim_request(self) -> ClaimRequest:
         """The ledger's view of this call. Only side-effecting calls (which have a key) claim."""
         assert self.key is not None, "a read-only call is never ledgered"
-        arguments = json.dumps(self.arguments, ensure_ascii=False, default=str)
+        kept = redacted(self.arguments, self.policy.redact)
+        arguments = json.dumps(kept, ensure_ascii=False, default=str)
         return ClaimRequest(
             tenant=self.attrs.tenant,
             upstream=self.ctx.upstream.name,
