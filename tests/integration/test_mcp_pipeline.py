@@ -410,3 +410,23 @@ async def test_metrics_count_admissions_outcomes_and_first_byte(
     assert value("interlock_idempotency_outcomes_total", outcome="new", upstream="up") == 1
     assert value("interlock_idempotency_outcomes_total", outcome="replayed", upstream="up") == 1
     assert value("interlock_admission_to_first_byte_seconds_count", upstream="up") == 1
+
+
+async def test_a_call_that_never_waits_gets_only_the_upstreams_progress(
+    fresh: RunningUpstream, tmp_path: Path
+):
+    """No queueing, no cooldown: the client's progress callback sees exactly what the server
+    reported (the proxy invented a `running` notification before it, then the server's own
+    values went backwards)."""
+    async with running_proxy(config(fresh), tmp_path) as proxy:
+        seen: list[tuple[float, str | None]] = []
+
+        async def progress(value: float, total: float | None, message: str | None) -> None:
+            seen.append((value, message))
+
+        async with Client(proxy.mcp_url("up"), mode="legacy") as client:
+            result = await client.call_tool(
+                "slow_progress", {"steps": 3}, progress_callback=progress
+            )
+    assert not result.is_error
+    assert seen == [(1, "step 1"), (2, "step 2"), (3, "step 3")]

@@ -128,21 +128,32 @@ def _server_span(
         yield span
 
 
-def _progress(call: ToolCall, notify: Notify) -> OnWait | None:
+class _WaitProgress:
+    """The proxy's own `notifications/progress` for a call that really waits (queued, cooldown).
+
+    Nothing is sent for a call that never waits: the client then sees only the server's own
+    progress. Values stay far below the server's (0.001, 0.002, …) so that the sequence on the
+    token keeps increasing once the server reports its own.
+    """
+
+    __slots__ = ("_notify", "_token", "sent")
+
+    def __init__(self, token: Any, notify: Notify) -> None:
+        self._token = token
+        self._notify = notify
+        self.sent = 0
+
+    async def __call__(self, state: str) -> None:
+        self.sent += 1
+        message = {"progressToken": self._token, "progress": self.sent / 1000, "message": state}
+        await self._notify(
+            {"jsonrpc": "2.0", "method": "notifications/progress", "params": message}
+        )
+
+
+def _progress(call: ToolCall, notify: Notify) -> _WaitProgress | None:
     token = call.meta.get("progressToken")
-    if token is None:
-        return None
-    counter = 0
-
-    async def on_wait(state: str) -> None:
-        nonlocal counter
-        counter += 1
-        # Progress must increase across the whole call, and the upstream's own notifications on
-        # the same token usually start at 0 or 1 once it runs: ours stay far below that.
-        message = {"progressToken": token, "progress": counter / 1000, "message": state}
-        await notify({"jsonrpc": "2.0", "method": "notifications/progress", "params": message})
-
-    return on_wait
+    return None if token is None else _WaitProgress(token, notify)
 
 
 def _admission_request(call: ToolCall) -> AdmissionRequest:
@@ -241,7 +252,7 @@ async def _admit_and_run(call: ToolCall, send_upstream: SendUpstream, notify: No
         return await _refused(call, refused, record=True)
     plan = _plan(call, send_upstream, slot, admission, on_wait)
     try:
-        if on_wait is not None and slot.queue_wait_s > 0:
+        if on_wait is not None and on_wait.sent:  # it was told it waits: now it runs
             await on_wait("running")
         if call.policy.side_effect:
             return await run_side_effect(call, plan)
