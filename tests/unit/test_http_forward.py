@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from proxy.http.downstream import sse_error_event
 from proxy.http.headers import request_headers, response_headers
 from proxy.http.outcomes import encode_outcome, replay_response
