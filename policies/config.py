@@ -179,6 +179,7 @@ def _build_upstream(
         timeout_s=up.timeout_s,
         retry=RetrySettings(**up.retry.model_dump()),
         max_sessions=up.max_sessions,
+        session_idle_s=up.session_idle_s,
     )
 
 

@@ -87,6 +87,7 @@ class UpstreamIn(_Strict):
     timeout_s: PositiveFloat | None = None
     retry: RetryIn = RetryIn()
     max_sessions: PositiveInt = 32
+    session_idle_s: PositiveFloat = 300.0
 
 
 class KeyFieldsIn(_Strict):

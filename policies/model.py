@@ -129,6 +129,8 @@ class UpstreamSpec:
     retry: RetrySettings = RetrySettings()
     max_sessions: int = 32
     """stdio upstreams: live handshake-era sessions (one process each) at most."""
+    session_idle_s: float = 300.0
+    """stdio upstreams: a session's process with nothing in flight this long is ended."""
 
     @property
     def is_mcp(self) -> bool:

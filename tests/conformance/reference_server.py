@@ -24,7 +24,7 @@ import asyncio
 import base64
 import json
 import socket
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 
 import mcp_types as t
@@ -79,9 +79,10 @@ def _choices(word: str) -> list[dict[str, str]]:
     return [{"const": f"value{i}", "title": f"{title} {word}"} for i, title in titled]
 
 
-def _add_tools(server: MCPServer) -> None:
+def _add_tools(server: MCPServer, calls: Counter[str]) -> None:
     @server.tool(description="Tests simple text content response")
     def test_simple_text() -> str:
+        calls["test_simple_text"] += 1
         return "This is a simple text response for testing."
 
     @server.tool(description="Tests image content response")
@@ -116,6 +117,7 @@ def _add_tools(server: MCPServer) -> None:
 
     @server.tool(description="Tests tool that reports progress notifications")
     async def test_tool_with_progress(ctx: Context) -> str:
+        calls["test_tool_with_progress"] += 1
         for number, progress in enumerate((0, 50, 100)):
             if number:
                 await asyncio.sleep(0.05)
@@ -131,6 +133,7 @@ def _add_tools(server: MCPServer) -> None:
         "server closes the stream and the client resumes it with Last-Event-ID"
     )
     async def test_reconnection(ctx: Context) -> str:
+        calls["test_reconnection"] += 1
         await ctx.close_sse_stream()
         await asyncio.sleep(0.1)
         return (
@@ -216,6 +219,13 @@ def _add_tools(server: MCPServer) -> None:
         name: str | None = None, address: dict[str, Any] | None = None
     ) -> str:
         return f"JSON Schema 2020-12 tool called with: {json.dumps([name, address])}"
+
+    @server.tool(
+        description="How often each tool of this server process ran (for Interlock's tests)",
+        annotations=t.ToolAnnotations(read_only_hint=True),
+    )
+    def reference_calls() -> dict[str, int]:
+        return dict(calls)
 
     # The scenario reads the input schema verbatim: publish the 2020-12 schema as written,
     # not the one the SDK derives from the signature.
@@ -309,7 +319,7 @@ def _add_session_methods(server: MCPServer) -> None:
 def build_reference_server() -> MCPServer:
     """The reference upstream (a new instance: state is per server)."""
     server = MCPServer("interlock-conformance-reference", version="1.0.0", log_level="WARNING")
-    _add_tools(server)
+    _add_tools(server, Counter())
     _add_resources(server)
     _add_prompts(server)
     _add_session_methods(server)

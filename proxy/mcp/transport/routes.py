@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 from aiohttp import web
 
@@ -23,8 +23,10 @@ from proxy.mcp.transport.batch import handle_batch
 from proxy.mcp.transport.context import PostContext, answer_response
 from proxy.mcp.transport.post import handle_single
 from proxy.mcp.transport.reply import DisconnectWatcher, accepts_sse
-from proxy.mcp.transport.sessions import MCP_TRANSPORT, McpTransport
-from proxy.mcp.upstreams.relay import ClientGone
+from proxy.mcp.transport.resumption import StreamRecord
+from proxy.mcp.transport.sessions import MCP_TRANSPORT, McpTransport, stream_key
+from proxy.mcp.upstreams.relay import ClientGone, cancelled_when
+from proxy.mcp.upstreams.stdio import StdioProcess
 from proxy.mcp.upstreams.stdio_pool import StdioUpstreams, default_max_line_bytes
 from proxy.mcp.upstreams.streamable_http import relay_http
 from proxy.mcp.wire.headers import (
@@ -40,15 +42,17 @@ from proxy.state import CONFIG
 __all__ = ["setup_mcp"]
 
 _KEEPALIVE_S = 15.0
+LAST_EVENT_ID_HEADER = "Last-Event-ID"
 
 
 def setup_mcp(
-    app: web.Application, *, stdio_idle_s: float = 300.0, disconnect_poll_s: float = 0.1
+    app: web.Application, *, stdio_idle_s: float | None = None, disconnect_poll_s: float = 0.1
 ) -> None:
     """Add the MCP routes and the transport's cleanup context to `app` (`CONFIG` must be set).
 
-    `stdio_idle_s`: a stdio process with no call in flight and no open GET stream for this long
-    is ended. `disconnect_poll_s`: how often waiting calls check whether their client left.
+    `stdio_idle_s` (tests): overrides every stdio upstream's `session_idle_s`, how long a process
+    with no call in flight and no open GET stream lives. `disconnect_poll_s`: how often waiting
+    calls check whether their client left.
     """
     config = app[CONFIG]
     app[MCP_TRANSPORT] = McpTransport(
@@ -183,7 +187,7 @@ async def _relay_http(request: web.Request, spec: UpstreamSpec, method: str) -> 
         except UpstreamError as exc:
             return _not_reached(exc)
     if (method == "DELETE" and response.status < 300) or response.status == 404:
-        transport.sessions.forget(request.headers.get(MCP_SESSION_ID_HEADER))
+        transport.forget(spec.name, request.headers.get(MCP_SESSION_ID_HEADER))
     return response
 
 
@@ -203,6 +207,9 @@ async def _get(request: web.Request) -> web.StreamResponse:
     spec = _upstream(request)
     if isinstance(spec, web.Response):
         return spec
+    resumed = _recorded_stream(request, spec)
+    if resumed is not None:
+        return await _replay(request, *resumed)
     if spec.kind == "mcp_http":
         return await _relay_http(request, spec, "GET")
     if (refusal := _stdio_session_error(request, spec)) is not None:
@@ -216,20 +223,88 @@ async def _get(request: web.Request) -> web.StreamResponse:
                 CODE_INVALID_REQUEST, "session_not_found", "No such session.", http_status=404
             )
         )
+    if request.headers.get(LAST_EVENT_ID_HEADER):
+        return _error(
+            bad_request(
+                CODE_INVALID_REQUEST,
+                "unknown_last_event_id",
+                "This session has no event stream with that Last-Event-ID (any more).",
+            )
+        )
     if process.get_stream_open:
         return web.Response(status=409, text="This session already has a GET stream open")
+    return await _unsolicited_stream(request, process)
+
+
+async def _unsolicited_stream(request: web.Request, process: StdioProcess) -> web.StreamResponse:
+    """A stdio session's GET stream: what the process says outside any request, until it ends.
+
+    The client leaving is noticed at once (the disconnect watcher), not at the next keep-alive,
+    so that a client reconnecting is not refused 409 for a stream that is already gone.
+    """
     process.get_stream_open = True
+    gone = ClientGone()
     try:
         stream = web.StreamResponse(status=200, headers=SSE_HEADERS)
         await stream.prepare(request)
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            while process.alive:
-                message = await process.next_unsolicited(_KEEPALIVE_S)
+        with (
+            _transport(request).watcher.watch(request, gone),
+            contextlib.suppress(ConnectionError, RuntimeError),
+        ):
+            while process.alive and not gone.is_set():
+                message = await _unless_gone(process.next_unsolicited(_KEEPALIVE_S), gone)
+                if gone.is_set():
+                    break
                 await stream.write(format_event(message) if message else format_comment())
-            await stream.write_eof()
+            else:
+                await stream.write_eof()
         return stream
     finally:
         process.get_stream_open = False
+
+
+async def _unless_gone(waiting: Awaitable[bytes | None], gone: ClientGone) -> bytes | None:
+    """`await waiting`, or None as soon as `gone` is set."""
+    try:
+        with cancelled_when(gone) as trip:
+            return await waiting
+    except asyncio.CancelledError:
+        if trip is not None and trip.absorb():
+            return None
+        raise
+
+
+def _recorded_stream(request: web.Request, spec: UpstreamSpec) -> tuple[StreamRecord, int] | None:
+    """The stream a `Last-Event-ID` resumes, if the proxy wrote it (else None)."""
+    last_event_id = request.headers.get(LAST_EVENT_ID_HEADER)
+    session_id = request.headers.get(MCP_SESSION_ID_HEADER)
+    if not last_event_id or not session_id:
+        return None
+    return _transport(request).streams.find(stream_key(spec.name, session_id), last_event_id)
+
+
+async def _replay(request: web.Request, record: StreamRecord, index: int) -> web.StreamResponse:
+    """Resume a stream the proxy wrote: the events after `index`, then the rest as it comes."""
+    stream = web.StreamResponse(status=200, headers=SSE_HEADERS)
+    await stream.prepare(request)
+    gone = ClientGone()
+    with (
+        _transport(request).watcher.watch(request, gone),
+        contextlib.suppress(ConnectionError, RuntimeError),
+    ):
+        while not gone.is_set():
+            frames = record.frames[index:]
+            index += len(frames)
+            for _, frame in frames:
+                await stream.write(frame)
+            if record.done and index >= len(record.frames):
+                await stream.write_eof()
+                break
+            before = len(record.frames)
+            await _unless_gone(record.wait_changed(_KEEPALIVE_S), gone)
+            if len(record.frames) == before and not record.done and not gone.is_set():
+                await stream.write(format_comment())
+    return stream
 
 
 async def _delete(request: web.Request) -> web.StreamResponse:
@@ -249,5 +324,5 @@ async def _delete(request: web.Request) -> web.StreamResponse:
             )
         )
     await transport.stdio.end_session(session_id)
-    transport.sessions.forget(session_id)
+    transport.forget(spec.name, session_id)
     return web.Response(status=200)
