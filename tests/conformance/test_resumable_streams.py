@@ -107,19 +107,27 @@ def _call(request_id: int, tool: str, token: Any = None) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
 
 
-async def test_the_servers_priming_event_and_ids_reach_the_client(
+async def test_the_client_sees_the_servers_priming_and_closing_and_resumes_as_directly(
     read_only_proxy: RunningProxy, http: aiohttp.ClientSession
 ) -> None:
-    """The client sees the server's priming event (id, empty data, retry) and ids on events."""
+    """The server's priming event (id, empty data, retry) reaches the client, its stream ends
+    where the server ended it, and GET with Last-Event-ID brings the answer."""
     raw = RawMcp(http, read_only_proxy.mcp_url("ref"))
     await raw.initialize()
     async with http.post(raw.url, json=_call(5, "test_reconnection"), headers=raw.headers()) as ans:
         assert ans.content_type == "text/event-stream"
-        events = await _sse_events(ans, until_id=5)
-    first = events[0]
+        posted = await _sse_events(ans, until_id=5)
+    first = posted[0]
     assert first.id
     assert first.data == ""
     assert first.retry is not None
+    assert all(not e.data for e in posted), "the server closed the stream before its answer"
+    last_id = [e.id for e in posted if e.id][-1]
+    assert last_id is not None
+    headers = raw.headers({"Accept": "text/event-stream", "Last-Event-ID": last_id})
+    async with http.get(raw.url, headers=headers) as resumed:
+        assert resumed.status == 200
+        events = await _sse_events(resumed, until_id=5)
     assert all(e.id for e in events if not e.comment)
     assert json.loads(events[-1].data)["result"]["content"][0]["text"].startswith(RECONNECTED)
 

@@ -49,6 +49,9 @@ class Collected:
     async def comment(self, raw: bytes) -> None:
         self.comments.append(raw)
 
+    async def let_go(self) -> None:
+        pass
+
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[RunningUpstream]:

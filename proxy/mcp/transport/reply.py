@@ -62,6 +62,7 @@ class ClientReply:
         self._stream: web.StreamResponse | None = None
         self._lock = asyncio.Lock()
         self._record = record if sse_ok else None
+        self._released = False  # the client was let go: the rest goes to the record only
         self.dropped = 0  # intermediate messages a JSON-only client could not receive
 
     @property
@@ -97,8 +98,25 @@ class ClientReply:
                 self._record.append(event_id or self._record.mint_id(), chunk)
             await self._send(chunk)
 
+    async def let_go(self) -> None:
+        """End the client's stream without the answer, as the upstream ended its own.
+
+        Only when the client can come back for the rest: its stream is recorded, and it got an
+        event id (the stream started). The call goes on; what follows is recorded for the
+        client's `GET` with `Last-Event-ID`.
+        """
+        async with self._lock:
+            if self._record is None or self._stream is None or self._released:
+                return
+            self._released = True
+            if not self._gone.is_set():
+                try:
+                    await self._stream.write_eof()
+                except _WRITE_ERRORS:
+                    self._gone.set()
+
     async def _send(self, chunk: bytes) -> None:
-        if self._gone.is_set():
+        if self._gone.is_set() or self._released:
             return
         try:
             if self._stream is None:
@@ -135,7 +153,7 @@ class ClientReply:
         assert self._stream is not None or self._gone.is_set()
         if self._stream is None:
             return web.Response(status=200, headers=self._headers)  # nobody is listening
-        if not self._gone.is_set():
+        if not self._gone.is_set() and not self._released:
             try:
                 await self._stream.write_eof()
             except _WRITE_ERRORS:

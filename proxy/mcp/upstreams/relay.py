@@ -26,6 +26,10 @@ class Relay(Protocol):
     async def comment(self, raw: bytes) -> None:
         """A keep-alive comment from the upstream's stream."""
 
+    async def let_go(self) -> None:
+        """The upstream closed the stream after an event id, to be resumed (SEP-1699 polling):
+        the client may be let go the same way, if it can resume where the upstream's did."""
+
 
 class ClientGone(asyncio.Event):
     """The "client went away" event of one call, which can also run callbacks when set.

@@ -255,6 +255,7 @@ async def _exchange(
                 return answer
     # The stream ended after giving an event id: the request arrived and the server let go of the
     # connection (SEP-1699 polling). The answer is not lost; the stream goes on from that id.
+    await relay.let_go()
     async with _mapped_errors(spec):
         return await stream.resume(session, headers)
 
