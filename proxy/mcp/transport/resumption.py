@@ -9,7 +9,8 @@ Each stream the proxy writes with event ids is a `StreamRecord`: its frames (the
 sent, or that would have been sent to a client that left) under their ids, and whether it ended.
 Ids are the upstream's where the upstream gave one (they are unique in its session), else minted
 here (`<session-prefix>-<n>`, unique in the proxy). Bounded: per session the most recent
-`max_streams` streams and `max_bytes` bytes of frames, and `max_sessions` sessions.
+`max_streams` streams and `max_bytes` bytes of frames, at most `max_sessions` sessions, and
+`max_total_bytes` in all (the least recently used sessions are forgotten first).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import asyncio
 import itertools
 import secrets
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = ["SessionStreams", "StreamRecord"]
@@ -33,6 +35,7 @@ class StreamRecord:
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     prefix: str = ""
+    on_grow: Callable[[int], None] | None = None
 
     def mint_id(self) -> str:
         return f"{self.prefix}-{next(self._ids)}"
@@ -41,6 +44,8 @@ class StreamRecord:
         self.frames.append((event_id, frame))
         self.size += len(frame)
         self._wake()
+        if self.on_grow is not None:
+            self.on_grow(len(frame))
 
     def finish(self) -> None:
         self.done = True
@@ -69,7 +74,8 @@ class StreamRecord:
 
 
 class _SessionBook:
-    def __init__(self, max_streams: int, max_bytes: int) -> None:
+    def __init__(self, max_streams: int, max_bytes: int, on_grow: Callable[[int], None]) -> None:
+        self._on_grow = on_grow
         self.prefix = secrets.token_hex(4)
         self.numbers = itertools.count(1)
         self.streams: OrderedDict[int, StreamRecord] = OrderedDict()
@@ -78,7 +84,7 @@ class _SessionBook:
 
     def open(self) -> StreamRecord:
         number = next(self.numbers)
-        record = StreamRecord(prefix=f"{self.prefix}-{number}")
+        record = StreamRecord(prefix=f"{self.prefix}-{number}", on_grow=self._on_grow)
         self.streams[number] = record
         self._trim()
         return record
@@ -90,10 +96,14 @@ class _SessionBook:
                 return record, index
         return None
 
+    @property
+    def size(self) -> int:
+        return sum(r.size for r in self.streams.values())
+
     def _trim(self) -> None:
         while len(self.streams) > self._max_streams:
             self.streams.popitem(last=False)
-        total = sum(r.size for r in self.streams.values())
+        total = self.size
         for number in list(self.streams):
             if total <= self._max_bytes or len(self.streams) == 1:
                 break
@@ -104,22 +114,41 @@ class SessionStreams:
     """The stream records of every handshake-era session (bounded)."""
 
     def __init__(
-        self, *, max_sessions: int = 1000, max_streams: int = 16, max_bytes: int = 4 * 1024 * 1024
+        self,
+        *,
+        max_sessions: int = 1000,
+        max_streams: int = 16,
+        max_bytes: int = 4 * 1024 * 1024,
+        max_total_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self._books: OrderedDict[str, _SessionBook] = OrderedDict()
         self._max_sessions = max_sessions
         self._max_streams = max_streams
         self._max_bytes = max_bytes
+        self._max_total = max_total_bytes
+        self._grown = 0  # bytes recorded since the total was last measured
 
     def open(self, session_id: str) -> StreamRecord:
         """A new stream record for `session_id`."""
         book = self._books.get(session_id)
         if book is None:
-            book = self._books[session_id] = _SessionBook(self._max_streams, self._max_bytes)
+            book = _SessionBook(self._max_streams, self._max_bytes, self._grew)
+            self._books[session_id] = book
             while len(self._books) > self._max_sessions:
                 self._books.popitem(last=False)
         self._books.move_to_end(session_id)
         return book.open()
+
+    def _grew(self, size: int) -> None:
+        # Measuring the total walks every record: done once per `max_bytes` recorded.
+        self._grown += size
+        if self._grown < self._max_bytes:
+            return
+        self._grown = 0
+        total = sum(book.size for book in self._books.values())
+        while total > self._max_total and len(self._books) > 1:
+            _, oldest = self._books.popitem(last=False)
+            total -= oldest.size
 
     def find(self, session_id: str | None, event_id: str) -> tuple[StreamRecord, int] | None:
         """The stream that carried `event_id` in this session, and where to resume it."""
