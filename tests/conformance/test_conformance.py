@@ -20,13 +20,16 @@ import pytest
 
 from policies.config_schema import DefaultsIn
 from tests.conformance import processes
-from tests.conformance.suite import ScenarioResult, SuiteTools, find_tools, run_suite
+from tests.conformance.suite import ScenarioResult, SuiteTools, find_tools
+from tests.conformance.suite import run_suite as _run_suite
 from tests.integration.mcp_servers import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
 RESULTS: dict[str, dict[str, ScenarioResult]] = {}
 """Per run, per scenario; read by conftest.py to print the table."""
+SECONDS: dict[str, float] = {}
+"""How long each run of the suite took (printed under the table)."""
 HTTP_DONE_AT: list[float] = []
 """When the first run through the proxy ended (monotonic)."""
 DEDUP_WINDOW_S = 1.0
@@ -77,6 +80,14 @@ def proxy_base(folder: Path, upstream_url: str) -> Iterator[str]:
     template = "\n".join(lines) + "\n"
     with processes.interlock_serve(template, folder) as base:
         yield base
+
+
+def run_suite(tools: SuiteTools, url: str, out_dir: Path) -> dict[str, ScenarioResult]:
+    started = time.monotonic()
+    try:
+        return _run_suite(tools, url, out_dir)
+    finally:
+        SECONDS[out_dir.name] = time.monotonic() - started
 
 
 def _differences(run: str) -> list[str]:
