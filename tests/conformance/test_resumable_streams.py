@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from mcp import Client
 
 from proxy.mcp.wire.sse import SseEvent, SseParser
@@ -166,3 +167,62 @@ async def test_a_client_that_lost_its_stream_resumes_it_through_the_proxy(
     assert messages[-1]["id"] == 9
     assert messages[-1]["result"]["content"][0]["text"] == "Progress test completed"
     assert 100 in progress
+
+
+async def test_a_primed_call_whose_upstream_vanishes_before_the_resumption_is_unknown(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """The upstream primed the stream (so the request arrived) and then stopped listening: the
+    side-effecting call becomes `unknown` (-32053), never "not sent" and retried."""
+    primed = asyncio.Event()
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if request.method != "POST":
+            return web.Response(status=405)
+        message = json.loads(await request.read())
+        if "id" not in message:
+            return web.Response(status=202)
+        if message["method"] != "tools/call":
+            result: dict[str, Any] = {"tools": []}
+            if message["method"] == "initialize":
+                result = {
+                    "protocolVersion": "2025-11-25",
+                    "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "vanishing", "version": "1"},
+                }
+            body = {"jsonrpc": "2.0", "id": message["id"], "result": result}
+            return web.json_response(body, headers={"Mcp-Session-Id": "s-1"})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"id: p-1\r\ndata: \r\nretry: 300\r\n\r\n")
+        await response.write_eof()
+        primed.set()
+        return response
+
+    app = web.Application()
+    app.router.add_route("*", "/mcp", handle)
+    runner = web.AppRunner(app, shutdown_timeout=1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
+    upstreams = {"up": http_upstream("up", url, timeout_s=10)}
+    try:
+        async with running_proxy(upstreams, tmp_path, read_only=False) as proxy:
+            raw = RawMcp(http, proxy.mcp_url("up"))
+            await raw.initialize()
+            posted = await raw.post(_call(3, "send_it"))  # ends after the priming event
+            async with asyncio.timeout(10):
+                await primed.wait()
+            await runner.cleanup()  # the upstream is gone before the proxy comes back
+            headers = raw.headers({"Accept": "text/event-stream", "Last-Event-ID": "p-1"})
+            async with http.get(raw.url, headers=headers) as resumed:
+                events = await _sse_events(resumed, until_id=3)
+            store = proxy.app[LEDGER].store
+            assert store is not None
+            entries = await store.list_entries(upstream="up")
+    finally:
+        await runner.cleanup()
+    assert posted.messages == []
+    assert json.loads(events[-1].data)["error"]["code"] == -32053
+    assert [(e.tool, str(e.state), e.attempt) for e in entries] == [("send_it", "unknown", 1)]

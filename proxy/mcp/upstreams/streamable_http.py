@@ -256,8 +256,13 @@ async def _exchange(
     # The stream ended after giving an event id: the request arrived and the server let go of the
     # connection (SEP-1699 polling). The answer is not lost; the stream goes on from that id.
     await relay.let_go()
-    async with _mapped_errors(spec):
-        return await stream.resume(session, headers)
+    try:
+        async with _mapped_errors(spec):
+            return await stream.resume(session, headers)
+    except UpstreamNotReached as exc:
+        # The request itself arrived (it was given an event id): whatever breaks now, it may
+        # have run, so it is lost, never "not sent".
+        raise UpstreamLost(f"{spec.name}: the request arrived; resuming its stream failed") from exc
 
 
 def _json_answer(spec: UpstreamSpec, data: bytes, request_id: Any) -> WireMessage:
