@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench lock clean conformance-tools
+.PHONY: demo test lint typecheck unit bench lock clean mutants conformance-tools
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,10 @@ conformance-tools:
 
 test: lint typecheck conformance-tools
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# Named dangerous mutations of a scratch copy; each must be killed by its tests (scripts/mutants.py).
+mutants: $(STAMP)
+	$(BIN)/python scripts/mutants.py
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

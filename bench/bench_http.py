@@ -85,7 +85,7 @@ def _proxy_config(folder: Path, port: int, provider: str) -> Path:
           global: {{max_running: 512, max_pending: 1024}}
           tenant: {{max_running: 256, max_pending: 1024}}
         upstreams:
-          llm: {{http: "{provider}"}}
+          llm: {{http: "{provider}", kind: openai}}
     """
     path.write_text(textwrap.dedent(text))
     return path

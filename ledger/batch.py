@@ -14,7 +14,7 @@ import json
 import operator
 import secrets
 from dataclasses import dataclass, field, fields
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from ledger.states import EntryState
@@ -26,6 +26,7 @@ __all__ = [
     "Needs",
     "OpContext",
     "WorkingSet",
+    "archived_key",
     "cap_text",
     "describe_report",
     "internal_key",
@@ -34,6 +35,7 @@ __all__ = [
 ]
 
 _INTERNAL_KEY_PREFIX = "none:"
+_ARCHIVED_KEY_PREFIX = "past:"
 
 
 @dataclass(slots=True)
@@ -66,6 +68,8 @@ class EntryRow:
     error: str | None
     retry_after_s: float | None
     note: str | None
+    operator_retries: int
+    """`resolve --as retry` moves so far: the operator's retry budget counts these only."""
 
     def values(self) -> dict[str, Any]:
         """The row as column values."""
@@ -73,7 +77,15 @@ class EntryRow:
 
     def view(self) -> EntryView:
         """The row as the plain value callers see."""
-        key = None if self.idempotency_key == internal_key(self.id) else self.idempotency_key
+        stored = self.idempotency_key
+        key: str | None = stored
+        superseded = False
+        if stored == internal_key(self.id):
+            key = None
+        elif stored.startswith(_ARCHIVED_KEY_PREFIX) and stored.startswith(
+            prefix := archived_key(self.id, "")
+        ):
+            key, superseded = stored[len(prefix) :], True
         return EntryView(
             id=self.id,
             tenant=self.tenant,
@@ -101,6 +113,8 @@ class EntryRow:
             retry_after_s=self.retry_after_s,
             note=self.note,
             arguments=self.arguments,
+            operator_retries=self.operator_retries,
+            superseded=superseded,
         )
 
 
@@ -127,6 +141,8 @@ class Needs:
     keys: set[tuple[str, str, str]] = field(default_factory=set)
     """(tenant, upstream, idempotency key) triples."""
     sweep_limit: int = 0
+    purge: tuple[timedelta, int] | None = None
+    """(age, limit): up to `limit` closed rows unchanged for `age` may be deleted."""
 
 
 @dataclass(slots=True)
@@ -141,6 +157,10 @@ class WorkingSet:
     dirty: set[str] = field(default_factory=set)
     """Loaded rows this batch changes."""
     history: list[dict[str, Any]] = field(default_factory=list)
+    purgeable: list[str] = field(default_factory=list)
+    """Ids of closed rows old enough to purge (not loaded as rows)."""
+    deleted: set[str] = field(default_factory=set)
+    """Ids of rows this batch deletes."""
     loaded: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     """Column values of each loaded row as read, to write back only what changed."""
     _by_key: dict[tuple[str, str, str], str] = field(default_factory=dict)
@@ -167,6 +187,16 @@ class WorkingSet:
     def touch(self, row: EntryRow, now: datetime) -> None:
         """Mark a row as changed by this batch."""
         row.updated_at = now
+        if row.id in self.loaded:
+            self.dirty.add(row.id)
+
+    def release_key(self, row: EntryRow) -> None:
+        """Take `row`'s key out of its scope (the entry stays, unchanged otherwise): the next
+        claim of that key in this batch starts a new entry."""
+        scope = (row.tenant, row.upstream, row.idempotency_key)
+        if self._by_key.get(scope) == row.id:
+            del self._by_key[scope]
+        row.idempotency_key = archived_key(row.id, row.idempotency_key)
         if row.id in self.loaded:
             self.dirty.add(row.id)
 
@@ -214,6 +244,12 @@ def new_entry_id(now: datetime) -> str:
 def internal_key(entry_id: str) -> str:
     """The unique key stored for a call without an idempotency key (key mode "none")."""
     return f"{_INTERNAL_KEY_PREFIX}{entry_id}"
+
+
+def archived_key(entry_id: str, key: str) -> str:
+    """The key stored for an entry that no longer answers for `key` (its dedup window passed
+    and a later entry took the key): out of the unique index, `key` still readable from it."""
+    return f"{_ARCHIVED_KEY_PREFIX}{entry_id}:{key}"
 
 
 def cap_text(text: str | None, max_bytes: int) -> str | None:

@@ -101,7 +101,29 @@ def _new_row(req: ClaimRequest, ctx: OpContext, state: EntryState) -> EntryRow:
         error=None,
         retry_after_s=None,
         note=None,
+        operator_retries=0,
     )
+
+
+_WINDOWED = frozenset({_S.SUCCEEDED, _S.FAILED, _S.REJECTED})
+"""States whose entry stops answering for its key once the claim's dedup window has passed."""
+
+
+def _current_row(ws: WorkingSet, req: ClaimRequest, ctx: OpContext) -> EntryRow | None:
+    """The entry answering for the request's key, if any. A closed entry whose last transition
+    is older than the request's dedup window gives the key up (it stays in the history)."""
+    if req.idempotency_key is None:
+        return None
+    row = ws.find(req.tenant, req.upstream, req.idempotency_key)
+    window = req.dedup_window_s
+    if row is None or window is None or row.state not in _WINDOWED:
+        return row
+    if row.updated_at >= ctx.now - timedelta(seconds=window):
+        return row
+    ws.release_key(row)
+    evidence = {"dedup_window_s": window, "last_transition": row.updated_at.isoformat()}
+    ws.record(row, row.state, at=ctx.now, actor=ctx.owner, reason="key_released", evidence=evidence)
+    return None
 
 
 def _start_attempt(row: EntryRow, req: ClaimRequest, ctx: OpContext) -> None:
@@ -160,9 +182,7 @@ class Claim:
 
     def apply(self, ws: WorkingSet, ctx: OpContext) -> ClaimResult:
         req = self.req
-        row = None
-        if req.idempotency_key is not None:
-            row = ws.find(req.tenant, req.upstream, req.idempotency_key)
+        row = _current_row(ws, req, ctx)
         if row is None:
             row = _new_row(req, ctx, _S.RUNNING)
             _start_attempt(row, req, ctx)
@@ -323,9 +343,7 @@ class RecordRejection:
     def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView | None:
         req = self.req
         evidence = {"reason": self.reason, "scope": self.scope, "retry_after_s": self.retry_after_s}
-        row = None
-        if req.idempotency_key is not None:
-            row = ws.find(req.tenant, req.upstream, req.idempotency_key)
+        row = _current_row(ws, req, ctx)
         if row is None:
             row = _new_row(req, ctx, _S.REJECTED)
             row.error, row.retry_after_s = self.reason, self.retry_after_s

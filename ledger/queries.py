@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -31,13 +31,13 @@ from ledger.views import TransitionView
 
 __all__ = [
     "count_by_state",
+    "database_now",
     "find_entry",
     "flush",
     "history",
     "list_entries",
     "load",
     "ping",
-    "purge",
     "stats",
 ]
 
@@ -64,6 +64,20 @@ def _locking(stmt: sa.Select[Any], dialect: str, *, skip_locked: bool = False) -
     return stmt.with_for_update(skip_locked=skip_locked)
 
 
+_SQLITE_NOW = sa.text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
+_PG_NOW = sa.text("SELECT clock_timestamp()")
+
+
+def database_now(conn: sa.Connection) -> datetime:
+    """The database's clock, timezone-aware UTC: PostgreSQL's `clock_timestamp()`; for SQLite
+    (one host by nature) the host's clock as SQLite reads it, to the millisecond."""
+    if conn.dialect.name == "sqlite":
+        text = conn.execute(_SQLITE_NOW).scalar_one()
+        return datetime.fromisoformat(f"{text}+00:00")
+    moment: datetime = conn.execute(_PG_NOW).scalar_one()
+    return moment.astimezone(UTC)
+
+
 def load(conn: sa.Connection, needs: Needs, ws: WorkingSet, *, now: datetime, dialect: str) -> None:
     """Read (and on PostgreSQL lock, in id order) every row `needs` names into `ws`."""
     selects = []
@@ -80,6 +94,15 @@ def load(conn: sa.Connection, needs: Needs, ws: WorkingSet, *, now: datetime, di
                 ENTRIES.c.upstream.in_(upstreams),
             )
         )
+    if needs.purge is not None:
+        older_than, limit = needs.purge
+        # No ORDER BY: any `limit` closed rows will do, found without sorting them all.
+        stmt = (
+            sa.select(ENTRIES.c.id)
+            .where(ENTRIES.c.state.in_(sorted(PURGEABLE)), ENTRIES.c.updated_at < now - older_than)
+            .limit(limit)
+        )
+        ws.purgeable.extend(conn.execute(_locking(stmt, dialect, skip_locked=True)).scalars())
     for stmt in selects:
         result = conn.execute(_locking(stmt.order_by(ENTRIES.c.id), dialect))
         for row in _rows(result):
@@ -105,8 +128,6 @@ def flush(conn: sa.Connection, ws: WorkingSet, *, dialect: str) -> bool:
     Returns False, having written only part of the batch, when another transaction committed one
     of the new keys first: the caller rolls back and runs the batch again, which then sees it.
     """
-    if ws.new_ids and not _insert_new(conn, ws, dialect):
-        return False
     by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for row_id in sorted(ws.dirty):
         changes = ws.changes(row_id)
@@ -115,8 +136,14 @@ def flush(conn: sa.Connection, ws: WorkingSet, *, dialect: str) -> bool:
         by_columns.setdefault(tuple(changes), []).append(params)
     for columns, params_list in by_columns.items():
         conn.execute(_update_statement(columns), params_list)
+    # After the updates: a row whose key a new row takes over has given it up by now.
+    if ws.new_ids and not _insert_new(conn, ws, dialect):
+        return False
     if ws.history:
         conn.execute(sa.insert(TRANSITIONS), ws.history)
+    if ws.deleted:
+        # Their history goes with them (ON DELETE CASCADE).
+        conn.execute(sa.delete(ENTRIES).where(ENTRIES.c.id.in_(sorted(ws.deleted))))
     return True
 
 
@@ -241,15 +268,3 @@ async def oldest_change(conn: AsyncConnection, state: str) -> datetime | None:
     stmt = sa.select(sa.func.min(ENTRIES.c.updated_at)).where(ENTRIES.c.state == state)
     value = (await conn.execute(stmt)).scalar()
     return value if isinstance(value, datetime) else None
-
-
-async def purge(conn: AsyncConnection, *, before: datetime) -> int:
-    """Delete closed entries (succeeded, failed, rejected) last changed before `before`.
-
-    Their history goes with them (ON DELETE CASCADE). Open entries are never purged.
-    """
-    stmt = sa.delete(ENTRIES).where(
-        ENTRIES.c.state.in_(sorted(PURGEABLE)), ENTRIES.c.updated_at < before
-    )
-    result = await conn.execute(stmt)
-    return int(result.rowcount)

@@ -1,9 +1,11 @@
-"""Operations that decide an entry's fate without its owner: the operator's resolve and the
-sweeper that turns expired leases into `unknown` (see `ledger.operations` for the model)."""
+"""Operations that decide an entry's fate without its owner: the operator's resolve, the
+sweeper that turns expired leases into `unknown`, and retention's purge (see
+`ledger.operations` for the model)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Literal
 
 from ledger.batch import EntryRow, Needs, OpContext, WorkingSet
@@ -12,7 +14,7 @@ from ledger.operations import DEFAULT_MAX_ATTEMPTS, _expire_if_lapsed, _get
 from ledger.states import NEEDS_RECONCILIATION, TERMINAL, EntryState, check_transition
 from ledger.views import EntryView
 
-__all__ = ["Resolve", "Sweep"]
+__all__ = ["Purge", "Resolve", "Sweep"]
 
 _S = EntryState
 
@@ -21,8 +23,10 @@ _S = EntryState
 class Resolve:
     """An operator's reconciliation: succeeded, failed, or retry (a new attempt, same key).
 
-    A retry of an entry that has already used `max_attempts` attempts blocks it instead (from
-    unknown or failed); a blocked entry is retried only with a larger `max_attempts`.
+    The operator's retry budget is `max_attempts` attempts: the first and `max_attempts - 1`
+    operator retries. A retry past it blocks the entry instead (from unknown or failed); a blocked
+    entry is retried only with a larger `max_attempts`. The proxy's own hand-overs of attempts
+    that certainly did not run (rejected → running) are not counted.
     """
 
     entry_id: str
@@ -42,6 +46,7 @@ class Resolve:
             target = self._retry_target(row, before)
             evidence |= {
                 "max_attempts": self.max_attempts,
+                "operator_retries": row.operator_retries,
                 "previous_error": row.error,
                 "previous_outcome_sha256": row.outcome_hash,
             }
@@ -61,6 +66,7 @@ class Resolve:
         row.lease_expires_at = None
         if target is _S.ACCEPTED:
             row.owner = None  # waits for the caller's next send (see Claim)
+            row.operator_retries += 1
         if target in TERMINAL:
             row.finished_at = ctx.now
         ws.touch(row, ctx.now)
@@ -79,14 +85,15 @@ class Resolve:
             raise IllegalTransition(
                 row.id, before, _S.ACCEPTED, "only unknown, failed or blocked entries are retried"
             )
-        if row.attempt < self.max_attempts:
+        used = 1 + row.operator_retries
+        if used < self.max_attempts:
             return _S.ACCEPTED
         if before is _S.BLOCKED:
             raise IllegalTransition(
                 row.id,
                 before,
                 _S.ACCEPTED,
-                f"retry budget spent ({row.attempt} of {self.max_attempts} attempts); "
+                f"retry budget spent ({used} of {self.max_attempts} attempts); "
                 "resolve as succeeded or failed, or allow more attempts",
             )
         return _S.BLOCKED
@@ -108,3 +115,21 @@ class Sweep:
             if _expire_if_lapsed(ws, ws.rows[entry_id], ctx, actor=f"sweeper:{ctx.owner}"):
                 swept += 1
         return swept
+
+
+@dataclass(frozen=True, slots=True)
+class Purge:
+    """Delete up to `limit` closed entries (succeeded, failed, rejected) unchanged for
+    `older_than` by the database's clock; returns how many. Rows another operation of the same
+    batch uses are left for a later purge."""
+
+    older_than: timedelta
+    limit: int
+
+    def declare(self, needs: Needs) -> None:
+        needs.purge = (self.older_than, self.limit)
+
+    def apply(self, ws: WorkingSet, ctx: OpContext) -> int:
+        doomed = {i for i in ws.purgeable if i not in ws.rows} - ws.deleted
+        ws.deleted |= doomed
+        return len(doomed)

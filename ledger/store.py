@@ -3,10 +3,15 @@
 Writes go through the group-commit writer (one transaction and one fsync per batch); reads use
 their own short connection each. Every method that touches the database raises
 `LedgerUnavailable` when it cannot, so callers fail closed on one exception type.
+
+Times the ledger decides with (leases, their expiry, the dedup window, retention) come from the
+database's clock, read inside each write transaction: replicas whose own clocks disagree still
+agree on when a lease ends.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -18,6 +23,7 @@ from ledger import queries
 from ledger.batch import OpContext
 from ledger.db import Engines, open_engines, sqlite_file, translate_errors
 from ledger.errors import LedgerError, LedgerUnavailable
+from ledger.finishing import BackgroundFinishes
 from ledger.migrate import HEAD_REVISION, current_revision, upgrade
 from ledger.operations import (
     DEFAULT_MAX_ATTEMPTS,
@@ -28,7 +34,7 @@ from ledger.operations import (
     ReleaseUnsent,
     Renew,
 )
-from ledger.reconcile_ops import Resolve, Sweep
+from ledger.reconcile_ops import Purge, Resolve, Sweep
 from ledger.states import EntryState
 from ledger.views import ClaimRequest, ClaimResult, EntryView, TransitionView
 from ledger.writer import GroupCommitWriter, WriterStats
@@ -37,6 +43,8 @@ from policies.model import LedgerSettings
 __all__ = ["LedgerStore", "utcnow"]
 
 _GROUP_COMMIT_MAX_BATCH = 256
+_FINISH_DRAIN_S = 10.0  # how long close() lets background finishes land
+_PURGE_BATCH = 500  # rows deleted per transaction: the write lock is never held for long
 
 
 def utcnow() -> datetime:
@@ -53,14 +61,14 @@ class LedgerStore:
         settings: LedgerSettings,
         *,
         owner: str,
-        clock: Callable[[], datetime],
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         self._engines = engines
         self._settings = settings
         self._owner = owner
-        self._clock = clock
         max_batch = _GROUP_COMMIT_MAX_BATCH if settings.group_commit else 1
-        self._writer = GroupCommitWriter(engines, self._context, max_batch=max_batch)
+        self._writer = GroupCommitWriter(engines, self._context, max_batch=max_batch, clock=clock)
+        self._finishing = BackgroundFinishes()
         self._closed = False
 
     @classmethod
@@ -70,7 +78,7 @@ class LedgerStore:
         *,
         owner: str,
         migrate: bool = True,
-        clock: Callable[[], datetime] = utcnow,
+        clock: Callable[[], datetime] | None = None,
     ) -> LedgerStore:
         """Connect, migrate the schema to head (or with `migrate=False` check it is there).
 
@@ -78,11 +86,14 @@ class LedgerStore:
 
         `owner` is this replica's id: it owns the leases of the entries it claims.
 
+        `clock` stands in for the database's clock (tests); by default every write takes its
+        time from the database, never from this replica's wall clock.
+
         Raises:
             LedgerUnavailable: the database cannot be reached, or its schema is not current.
             LedgerError: the URL is not usable.
         """
-        if clock().utcoffset() is None:
+        if clock is not None and clock().utcoffset() is None:
             raise LedgerError("the ledger clock must return timezone-aware datetimes")
         path = sqlite_file(settings.url)
         if not migrate and path is not None and not path.exists():
@@ -101,9 +112,11 @@ class LedgerStore:
         return cls(engines, settings, owner=owner, clock=clock)
 
     async def close(self) -> None:
-        """Commit what is queued, then release every connection."""
+        """Let background finishes land (bounded), commit what is queued, then release every
+        connection."""
         if self._closed:
             return
+        await self._finishing.drain(_FINISH_DRAIN_S)
         self._closed = True
         try:
             await self._writer.close()
@@ -163,6 +176,35 @@ class LedgerStore:
         if state not in ("succeeded", "failed"):
             raise ValueError(f"finish state must be succeeded or failed, not {state!r}")
         return await self._writer.submit(Finish(entry_id, token, state, outcome, error))
+
+    def finish_in_background(
+        self,
+        entry_id: str,
+        token: int,
+        *,
+        state: Literal["succeeded", "failed"],
+        outcome: bytes | None,
+        error: str | None = None,
+        until: float,
+    ) -> asyncio.Task[EntryView]:
+        """`finish`, retried in a task of its own while the ledger cannot be written, until it
+        commits or the event loop's time passes `until` (when the lease would lapse): the caller
+        need not wait for it. A finish that never lands is logged at ERROR with the entry id.
+
+        The task's result is the finished entry; it raises what `finish` raises (after the
+        retries, `LedgerUnavailable`). `close()` waits for these tasks, within a bound.
+        """
+        if state not in ("succeeded", "failed"):
+            raise ValueError(f"finish state must be succeeded or failed, not {state!r}")
+
+        async def attempt() -> EntryView:
+            return await self.finish(entry_id, token, state=state, outcome=outcome, error=error)
+
+        async def landed() -> EntryView | None:
+            entry, _ = await self.get(entry_id)
+            return entry if (entry.state, entry.fencing_token) == (state, token) else None
+
+        return self._finishing.start(attempt, landed, entry_id=entry_id, until=until)
 
     async def mark_unknown(self, entry_id: str, token: int, *, reason: str) -> EntryView:
         """The owner no longer knows whether the call took effect: running → unknown.
@@ -233,16 +275,26 @@ class LedgerStore:
         """
         return await self._writer.submit(Sweep(limit))
 
-    async def purge(self, *, older_than: timedelta | None = None) -> int:
+    async def purge(
+        self, *, older_than: timedelta | None = None, batch_size: int = _PURGE_BATCH
+    ) -> int:
         """Delete succeeded, failed and rejected entries unchanged for `older_than`.
 
         The default is `retention_h`. Their keys become free again. Open entries (accepted,
-        running, unknown, blocked) are never purged. Returns the number deleted.
+        running, unknown, blocked) are never purged. Deletes `batch_size` entries per write
+        transaction, queued with every other write, so claims and finishes go on meanwhile.
+        Returns the number deleted.
+
+        Raises:
+            LedgerUnavailable: a batch could not be deleted (those before it were).
         """
         age = older_than if older_than is not None else timedelta(hours=self._settings.retention_h)
-        with translate_errors("purge"):
-            async with self._engines.write.begin() as conn:
-                return await queries.purge(conn, before=self._clock() - age)
+        total = 0
+        while True:
+            deleted = await self._writer.submit(Purge(age, batch_size))
+            total += deleted
+            if deleted < batch_size:
+                return total
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -306,9 +358,14 @@ class LedgerStore:
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _context(self) -> OpContext:
+    @property
+    def writer_restarts(self) -> int:
+        """How many times the group-commit writer died and was started again."""
+        return self._writer.restarts
+
+    def _context(self, now: datetime) -> OpContext:
         return OpContext(
-            now=self._clock(),
+            now=now,
             owner=self._owner,
             lease_s=self._settings.lease_s,
             max_outcome_bytes=self._settings.max_outcome_bytes,

@@ -76,7 +76,10 @@ class UTCTimestamp(sa.TypeDecorator[datetime]):
 
 
 class LedgerEntry(SQLModel, table=True):
-    """One side-effecting call, keyed by (tenant, upstream, idempotency key)."""
+    """One side-effecting call, keyed by (tenant, upstream, idempotency key).
+
+    An entry whose derived key's dedup window passed gives its key up to a newer entry: its
+    `idempotency_key` becomes `past:<id>:<key>` (see `ledger.batch.archived_key`)."""
 
     __tablename__ = "ledger_entries"
     __table_args__ = (
@@ -116,6 +119,7 @@ class LedgerEntry(SQLModel, table=True):
     error: str | None = Field(default=None, sa_type=sa.Text)
     retry_after_s: float | None = None
     note: str | None = Field(default=None, sa_type=sa.Text)
+    operator_retries: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
 class LedgerTransition(SQLModel, table=True):

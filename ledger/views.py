@@ -43,6 +43,12 @@ class ClaimRequest:
     work_class: str = "interactive"
     run_id: str | None = None
     trace_id: str | None = None
+    dedup_window_s: float | None = None
+    """`None`: the key answers for as long as its entry is kept (explicit keys). A number (derived
+    keys): a `succeeded`, `failed` or `rejected` entry whose last transition is older than this,
+    by the database's clock, no longer answers; the claim starts a new entry for the key and the
+    old one stays in the history. `running`, `unknown`, `blocked` and `accepted` entries answer
+    for their key whatever the window."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +83,11 @@ class EntryView:
     retry_after_s: float | None
     note: str | None
     arguments: str | None
+    operator_retries: int = 0
+    """How many times an operator retried it (`resolve --as retry`); the proxy's own
+    hand-overs of attempts that certainly did not run are not counted."""
+    superseded: bool = False
+    """A later entry answers for this key (a derived key's dedup window had passed)."""
 
 
 @dataclass(frozen=True, slots=True)

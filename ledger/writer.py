@@ -1,19 +1,23 @@
 """Group commit: one writer task turns every queued write into one transaction and one fsync.
 
 Callers enqueue an operation and wait on a future. The writer takes everything queued (up to
-`max_batch`), loads the rows those operations need, applies them in order, writes the result and
+`max_batch`), begins a transaction, takes the batch's time from the database (after the write lock
+is held), loads the rows those operations need, applies them in order, writes the result and
 commits; only then does it resolve the futures, so a caller never hears "done" before its write
-is durable. An operation the ledger refuses (stale token, illegal transition) fails only its own
-caller; a database failure fails the whole batch, none of which was committed. With
-`max_batch=1` this is one commit per write, the baseline the benchmark compares against.
+is durable. With `max_batch=1` this is one commit per write, the baseline the benchmark compares
+against.
 
-A connection lost during COMMIT leaves the outcome unknown to the writer; its callers get
-`LedgerUnavailable` either way. The proxy then fails closed, and a claim that did commit is found
-by the sweeper when its lease expires: the ledger errs towards `unknown`, never towards a repeat.
+An operation the ledger refuses (stale token, illegal transition) fails only its own caller. A
+failed transaction is rerun as `ledger.faults` classifies it: whole after a transient error (a
+few times, with backoff), in halves when one operation's values were refused (so only that one
+fails), never after a connection lost during COMMIT (its callers get `LedgerUnavailable`; a claim
+that did commit is found by the sweeper when its lease expires: `unknown`, never a repeat).
 
 A caller that is cancelled before the writer reaches its operation is skipped. One cancelled after
 that may still be committed: for a claim, the entry is then running with nobody behind it, and its
-lease expiry makes it `unknown` — never silently lost, never silently repeated.
+lease expiry makes it `unknown` — never silently lost, never silently repeated. If the writer task
+itself dies, every caller waiting on it gets `LedgerUnavailable` at once, and the next write starts
+a new writer.
 
 On SQLite a whole batch (BEGIN IMMEDIATE, reads, writes, COMMIT) is one call on the writer's own
 thread, over a synchronous connection that only that thread ever touches: one hop from the event
@@ -27,9 +31,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -38,15 +44,18 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger import queries
 from ledger.batch import Needs, OpContext, WorkingSet
-from ledger.db import Engines, is_retryable, translate_errors
+from ledger.db import Engines
 from ledger.errors import LedgerError, LedgerUnavailable
+from ledger.faults import Fault, classify, describe
 from ledger.operations import Operation
 
 __all__ = ["GroupCommitWriter", "WriterStats"]
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
-_MAX_TRIES = 5  # a batch rerun after losing a key race or a deadlock; each rerun sees more rows
+_MAX_LOST_RACES = 5  # a batch rerun after losing a key race; each rerun sees more rows
+_TRANSIENT_TRIES = 4  # one try and three reruns after a transient error
+_BACKOFF_S = 0.05  # first backoff; doubled per try, with full jitter
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,14 +76,46 @@ class _LostRace(Exception):
     """Another transaction committed one of this batch's new keys first."""
 
 
+class _TransactionFailed(Exception):
+    """A batch's transaction failed; `committing` says whether COMMIT itself raised,
+    `connecting` that no connection could be opened (so no statement was sent)."""
+
+    def __init__(self, error: Exception, *, committing: bool, connecting: bool = False) -> None:
+        super().__init__(describe(error))
+        self.error = error
+        self.committing = committing
+        self.connecting = connecting
+
+
+class _BatchFailed(Exception):
+    def __init__(self, fault: Fault, error: LedgerUnavailable) -> None:
+        super().__init__(str(error))
+        self.fault = fault
+        self.error = error
+
+
+ContextAt = Callable[[datetime], OpContext]
+"""The batch's `OpContext` for the time the batch took from the database."""
+
+
 class GroupCommitWriter:
-    """The single writer of one `LedgerStore`."""
+    """The single writer of one `LedgerStore`.
+
+    `clock`, when given, stands in for the database's clock (tests); otherwise each batch reads
+    the time from the database once its transaction holds the write lock.
+    """
 
     def __init__(
-        self, engines: Engines, context: Callable[[], OpContext], *, max_batch: int
+        self,
+        engines: Engines,
+        context: ContextAt,
+        *,
+        max_batch: int,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         self._engines = engines
         self._context = context
+        self._clock = clock
         self._max_batch = max_batch
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
         self._closed = False
@@ -85,17 +126,28 @@ class GroupCommitWriter:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-writer")
         self._batches = 0
         self._operations = 0
-        self._task = asyncio.create_task(self._run(), name="ledger-group-commit")
+        self._restarts = 0
+        self._task = self._start()
+
+    def _start(self) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._run(), name="ledger-group-commit")
+        task.add_done_callback(self._stopped)
+        return task
 
     async def submit(self, op: Operation[T]) -> T:
         """Run `op` in the next batch and return its result once that batch is committed.
 
         Raises:
-            LedgerUnavailable: the batch could not be committed, or the writer is closed.
+            LedgerUnavailable: the batch could not be committed, the writer is closed, or it
+                died while `op` waited (a new writer takes the next write).
             LedgerError: the operation itself was refused.
         """
         if self._closed:
             raise LedgerUnavailable("the ledger store is closed")
+        if self._task.done():
+            self._restarts += 1
+            _log.error("ledger writer restarted (it had stopped)")
+            self._task = self._start()
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Pending(op, future))
         return await future
@@ -105,14 +157,21 @@ class GroupCommitWriter:
         """Committed batches and the operations in them, since the writer started."""
         return WriterStats(self._batches, self._operations)
 
+    @property
+    def restarts(self) -> int:
+        """How many times a writer that had died was started again."""
+        return self._restarts
+
     async def close(self) -> None:
         """Commit what is queued, then stop: release the connection and the worker thread."""
         if not self._closed:
             self._closed = True
             self._queue.put_nowait(None)
         try:
-            await self._task
+            if not self._task.done():
+                await self._task
         finally:
+            self._fail_queued(LedgerUnavailable("the ledger store is closed"))
             try:
                 await self._drop_connection()
             finally:
@@ -121,7 +180,28 @@ class GroupCommitWriter:
                     # Jobs already queued (the connection's release) still run on it.
                     worker.shutdown(wait=False)
 
+    def _stopped(self, task: asyncio.Task[None]) -> None:
+        """The writer task ended: a clean close, or a death that must not strand its callers."""
+        if task.cancelled():
+            why = "the ledger writer was cancelled"
+        elif (error := task.exception()) is not None:
+            why = f"the ledger writer died: {error!r}"
+        elif self._closed:
+            return
+        else:
+            why = "the ledger writer stopped"
+        if not self._closed:
+            _log.error("%s; waiting writes fail, the next write starts a new writer", why)
+        self._fail_queued(LedgerUnavailable(why))
+
+    def _fail_queued(self, error: LedgerUnavailable) -> None:
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if item is not None:
+                _fail([item], error)
+
     async def _run(self) -> None:
+        await self._drop_connection()  # a writer that died may have left one mid-transaction
         stopping = False
         while not stopping:
             item = await self._queue.get()
@@ -147,61 +227,137 @@ class GroupCommitWriter:
         except Exception as error:  # noqa: BLE001 - the writer must outlive a bug in one batch
             _log.exception("ledger batch failed unexpectedly")
             _fail(batch, LedgerUnavailable(f"ledger write failed unexpectedly: {error!r}"))
+        except BaseException:
+            _fail(batch, LedgerUnavailable("the ledger writer died"))
+            raise
 
     async def _commit(self, batch: list[_Pending]) -> None:
-        ops = [pending.op for pending in batch]
-        for _ in range(_MAX_TRIES):
-            try:
-                with translate_errors("write"):
-                    results = await self._transaction(ops, self._context())
-            except _LostRace:
-                continue
-            except LedgerUnavailable as error:
-                await self._drop_connection()
-                cause = error.__cause__
-                if isinstance(cause, exc.DBAPIError) and is_retryable(cause):
-                    continue
-                _fail(batch, error)
-                return
-            self._batches += 1
-            self._operations += len(batch)
-            for pending, result in zip(batch, results, strict=True):
-                if pending.future.done():
-                    continue
-                if isinstance(result, LedgerError):
-                    pending.future.set_exception(result)
-                else:
-                    pending.future.set_result(result)
+        """Commit `batch`; when one operation's values make the database refuse it, commit the
+        rest without it (halving the batch until that operation stands alone)."""
+        try:
+            results = await self._run_batch([pending.op for pending in batch])
+        except _BatchFailed as failed:
+            if failed.fault is Fault.ISOLATE and len(batch) > 1:
+                half = len(batch) // 2
+                await self._commit(batch[:half])
+                await self._commit(batch[half:])
+            else:
+                _fail(batch, failed.error)
             return
-        _fail(
-            batch, LedgerUnavailable(f"ledger write gave up after {_MAX_TRIES} conflicting tries")
-        )
+        self._batches += 1
+        self._operations += len(batch)
+        for pending, result in zip(batch, results, strict=True):
+            if pending.future.done():
+                continue
+            if isinstance(result, LedgerError):
+                pending.future.set_exception(result)
+            else:
+                pending.future.set_result(result)
 
-    async def _transaction(self, ops: list[Operation[Any]], ctx: OpContext) -> list[object]:
-        """Run one batch in one transaction; its results (or refusals) in order."""
+    async def _run_batch(self, ops: list[Operation[Any]]) -> list[object]:
+        """One batch in one transaction, rerun after a lost key race or a transient error.
+
+        Raises:
+            _BatchFailed: it could not be committed; its fault says whether to isolate.
+        """
+        lost_races = tries = 0
+        while True:
+            try:
+                return await self._transaction(ops)
+            except _LostRace:
+                lost_races += 1
+                if lost_races >= _MAX_LOST_RACES:
+                    message = f"ledger write gave up after {lost_races} conflicting tries"
+                    raise _BatchFailed(Fault.UNAVAILABLE, LedgerUnavailable(message)) from None
+                continue
+            except _TransactionFailed as failed:
+                tries += 1
+                fault = (
+                    Fault.RETRY
+                    if failed.connecting
+                    else classify(failed.error, committing=failed.committing)
+                )
+                if fault is not Fault.ISOLATE:
+                    await self._drop_connection()
+                if fault is Fault.RETRY and tries < _TRANSIENT_TRIES:
+                    _log.warning("ledger write retried after: %s", failed)
+                    await asyncio.sleep(random.uniform(0, _BACKOFF_S * 2**tries))
+                    continue
+                unavailable = LedgerUnavailable(f"ledger write failed: {failed}")
+                unavailable.__cause__ = failed.error
+                raise _BatchFailed(fault, unavailable) from failed.error
+
+    async def _transaction(self, ops: list[Operation[Any]]) -> list[object]:
+        """Run one batch in one transaction; its results (or refusals) in order.
+
+        Raises:
+            _LostRace: another transaction committed one of the new keys first.
+            _TransactionFailed: the database (or the driver) refused; nothing to acknowledge.
+        """
         engine = self._engines.write_sync
         if engine is not None:
             if self._worker is None:
                 raise LedgerUnavailable("the ledger store is closed")
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                self._worker, self._sqlite_transaction, engine, ops, ctx
-            )
+            return await loop.run_in_executor(self._worker, self._sqlite_transaction, engine, ops)
         # Held across batches: a pool checkout and reset per batch would cost two more round
         # trips to the server.
         if self._conn is None:
-            self._conn = await self._engines.write.connect()
-        async with self._conn.begin():
-            return await self._conn.run_sync(_apply, ops, ctx, self._engines.dialect)
+            try:
+                self._conn = await self._engines.write.connect()
+            except Exception as error:
+                raise _TransactionFailed(error, committing=False, connecting=True) from error
+        try:
+            transaction = await self._conn.begin()
+            try:
+                results = await self._conn.run_sync(_apply, ops, self._batch_context)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await transaction.rollback()
+                raise
+        except (_LostRace, LedgerError):
+            raise
+        except Exception as error:
+            raise _TransactionFailed(error, committing=False) from error
+        try:
+            await transaction.commit()
+        except Exception as error:
+            with contextlib.suppress(Exception):
+                await transaction.rollback()
+            raise _TransactionFailed(error, committing=True) from error
+        return results
 
-    def _sqlite_transaction(
-        self, engine: sa.Engine, ops: list[Operation[Any]], ctx: OpContext
-    ) -> list[object]:
+    def _sqlite_transaction(self, engine: sa.Engine, ops: list[Operation[Any]]) -> list[object]:
         # On the worker thread only. The connection is held across batches, as on PostgreSQL.
         if self._sync_conn is None:
-            self._sync_conn = engine.connect()
-        with self._sync_conn.begin():
-            return _apply(self._sync_conn, ops, ctx, "sqlite")
+            try:
+                self._sync_conn = engine.connect()
+            except Exception as error:
+                raise _TransactionFailed(error, committing=False, connecting=True) from error
+        try:
+            transaction = self._sync_conn.begin()  # BEGIN IMMEDIATE: the write lock is ours
+            try:
+                results = _apply(self._sync_conn, ops, self._batch_context)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    transaction.rollback()
+                raise
+        except (_LostRace, LedgerError):
+            raise
+        except Exception as error:
+            raise _TransactionFailed(error, committing=False) from error
+        try:
+            transaction.commit()
+        except Exception as error:
+            with contextlib.suppress(Exception):
+                transaction.rollback()
+            raise _TransactionFailed(error, committing=True) from error
+        return results
+
+    def _batch_context(self, conn: sa.Connection) -> OpContext:
+        """The batch's context, its time taken now that the transaction holds its lock."""
+        now = self._clock() if self._clock is not None else queries.database_now(conn)
+        return self._context(now)
 
     def _release_sync_connection(self) -> None:
         # On the worker thread only.
@@ -221,13 +377,15 @@ class GroupCommitWriter:
 
 
 def _apply(
-    conn: sa.Connection, ops: list[Operation[Any]], ctx: OpContext, dialect: str
+    conn: sa.Connection, ops: list[Operation[Any]], context: Callable[[sa.Connection], OpContext]
 ) -> list[object]:
     """Load what `ops` need, apply them in order and write the result (inside a transaction).
 
     Raises:
         _LostRace: another transaction committed one of the new keys first; roll back, rerun.
     """
+    dialect = conn.dialect.name
+    ctx = context(conn)
     needs = Needs()
     for op in ops:
         op.declare(needs)

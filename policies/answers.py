@@ -17,6 +17,7 @@ __all__ = [
     "CODE_IN_PROGRESS",
     "CODE_LEDGER_UNAVAILABLE",
     "CODE_NEEDS_RECONCILIATION",
+    "CODE_OUTCOME_NOT_RETAINED",
     "CODE_OUTCOME_UNKNOWN",
     "CODE_PARSE_ERROR",
     "CODE_REFUSED",
@@ -27,6 +28,7 @@ __all__ = [
     "key_mismatch",
     "ledger_unavailable",
     "needs_reconciliation",
+    "outcome_not_retained",
     "outcome_unknown",
     "refused",
     "upstream_failed",
@@ -38,6 +40,7 @@ CODE_NEEDS_RECONCILIATION = -32052
 CODE_OUTCOME_UNKNOWN = -32053
 CODE_LEDGER_UNAVAILABLE = -32054
 CODE_UPSTREAM_FAILED = -32055
+CODE_OUTCOME_NOT_RETAINED = -32056
 CODE_INVALID_PARAMS = -32602
 CODE_INVALID_REQUEST = -32600
 CODE_PARSE_ERROR = -32700
@@ -49,6 +52,7 @@ _ERROR_TYPES = {
     CODE_OUTCOME_UNKNOWN: "outcome_unknown_error",
     CODE_LEDGER_UNAVAILABLE: "service_unavailable_error",
     CODE_UPSTREAM_FAILED: "upstream_error",
+    CODE_OUTCOME_NOT_RETAINED: "conflict_error",
     CODE_INVALID_PARAMS: "invalid_request_error",
     CODE_INVALID_REQUEST: "invalid_request_error",
     CODE_PARSE_ERROR: "invalid_request_error",
@@ -178,6 +182,25 @@ def outcome_unknown(idempotency_key: str | None, entry_id: str | None, detail: s
     )
 
 
+def outcome_not_retained(idempotency_key: str | None, entry_id: str, state: str) -> Answer:
+    """A finished entry whose outcome was not kept (too large, or resolved by an operator): the
+    caller learns the state, never a success it could take for the answer."""
+    return Answer(
+        code=CODE_OUTCOME_NOT_RETAINED,
+        http_status=409,
+        message=(
+            f"The call with this idempotency key is {state}, but its outcome was not kept, so it "
+            "cannot be replayed; it was not sent again."
+        ),
+        data=_data(
+            reason="outcome_not_retained",
+            idempotency_key=idempotency_key,
+            state=state,
+            entry_id=entry_id,
+        ),
+    )
+
+
 def ledger_unavailable(detail: str, idempotency_key: str | None = None) -> Answer:
     return Answer(
         code=CODE_LEDGER_UNAVAILABLE,
@@ -199,7 +222,10 @@ def key_mismatch(idempotency_key: str | None, entry_id: str | None = None) -> An
     return Answer(
         code=CODE_INVALID_PARAMS,
         http_status=422,
-        message="This idempotency key was used before with other arguments; nothing was sent.",
+        message=(
+            "This idempotency key was used before for another operation or with other "
+            "arguments; nothing was sent."
+        ),
         data=_data(
             reason="idempotency_key_mismatch", idempotency_key=idempotency_key, entry_id=entry_id
         ),

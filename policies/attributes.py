@@ -2,10 +2,18 @@
 
 Each attribute comes from an HTTP header or, for MCP, from `params._meta` under the `interlock/`
 prefix (the `_meta` value wins: it travels with the JSON-RPC message itself).
+
+Values are checked here, at the edge, before anything is admitted, sent or recorded: tenant, run
+and class at most 128 characters, the idempotency key at most 255, all printable (no control or
+separator characters, no lone surrogates — which is how bytes that are not UTF-8 arrive in a
+header). A bad value is a `BadAttribute` naming the attribute (`tenant`, `run`, `class`,
+`idempotency_key`, `deadline`), which the paths answer as 400 / -32602 `bad_<attribute>`: one bad
+value can only fail its own call, never a batch of ledger writes.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,16 +33,17 @@ DEFAULT_TENANT = "default"
 # attribute -> (HTTP header, _meta key)
 _SOURCES = {
     "tenant": ("x-interlock-tenant", "interlock/tenant"),
-    "work_class": ("x-interlock-class", "interlock/class"),
-    "run_id": ("x-interlock-run", "interlock/run"),
+    "class": ("x-interlock-class", "interlock/class"),
+    "run": ("x-interlock-run", "interlock/run"),
     "idempotency_key": ("idempotency-key", "interlock/idempotency-key"),
-    "deadline_ms": ("x-interlock-deadline-ms", "interlock/deadline-ms"),
+    "deadline": ("x-interlock-deadline-ms", "interlock/deadline-ms"),
 }
-_MAX_KEY_LENGTH = 255
+_MAX_LENGTH = {"tenant": 128, "class": 128, "run": 128, "idempotency_key": 255, "deadline": 32}
 
 
 class BadAttribute(ValueError):
-    """A request attribute has a value the proxy cannot use; the message names it."""
+    """A request attribute has a value the proxy cannot use; `name` is the attribute (`tenant`,
+    `run`, `class`, `idempotency_key`, `deadline`) and the message says what is wrong."""
 
     def __init__(self, name: str, message: str) -> None:
         super().__init__(message)
@@ -65,7 +74,16 @@ def _pick(name: str, headers: Mapping[str, str], meta: Mapping[str, Any]) -> str
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise BadAttribute(name, f"{meta_key} must be a string, got {type(value).__name__}")
     text = str(value).strip()
-    return text or None
+    if not text:
+        return None
+    source = meta_key if meta.get(meta_key) is not None else header
+    limit = _MAX_LENGTH[name]
+    if len(text) > limit:
+        raise BadAttribute(name, f"{source} is longer than {limit} characters")
+    if not text.isprintable():
+        why = "holds a control, separator or undecodable character; use printable text"
+        raise BadAttribute(name, f"{source} {why}")
+    return text
 
 
 def _tenant_from_api_key(headers: Mapping[str, str], config: Config) -> str | None:
@@ -84,38 +102,36 @@ def read_attributes(
     """Read the request attributes from headers and `_meta`, applying the config's defaults.
 
     Raises:
-        BadAttribute: a value is malformed (unknown class, non-numeric deadline, overlong key).
+        BadAttribute: a value is malformed (too long, unprintable, unknown class, a deadline
+            that is no positive number).
     """
     hdrs = _lower(headers)
     meta = meta or {}
     tenant = _pick("tenant", hdrs, meta) or _tenant_from_api_key(hdrs, config) or DEFAULT_TENANT
-    work_class = _pick("work_class", hdrs, meta) or config.defaults.work_class
+    work_class = _pick("class", hdrs, meta) or config.defaults.work_class
     if work_class not in WORK_CLASSES:
         raise BadAttribute(
-            "work_class",
+            "class",
             f"unknown work class {work_class!r}; expected one of {', '.join(WORK_CLASSES)}",
         )
     key = _pick("idempotency_key", hdrs, meta)
-    if key is not None and len(key) > _MAX_KEY_LENGTH:
-        raise BadAttribute(
-            "idempotency_key", f"idempotency key longer than {_MAX_KEY_LENGTH} characters"
-        )
+    run_id = _pick("run", hdrs, meta)
     deadline_s = config.defaults.deadline_s
-    raw_deadline = _pick("deadline_ms", hdrs, meta)
+    raw_deadline = _pick("deadline", hdrs, meta)
     if raw_deadline is not None:
         try:
             deadline_ms = float(raw_deadline)
         except ValueError:
             raise BadAttribute(
-                "deadline_ms", f"deadline must be a number of milliseconds, got {raw_deadline!r}"
+                "deadline", f"deadline must be a number of milliseconds, got {raw_deadline!r}"
             ) from None
-        if not deadline_ms > 0:
-            raise BadAttribute("deadline_ms", "deadline must be a positive number of ms")
+        if not (deadline_ms > 0 and math.isfinite(deadline_ms)):
+            raise BadAttribute("deadline", "deadline must be a positive number of ms")
         deadline_s = deadline_ms / 1000.0
     return RequestAttributes(
         tenant=tenant,
         work_class=work_class,
-        run_id=_pick("run_id", hdrs, meta),
+        run_id=run_id,
         idempotency_key=key,
         deadline_s=deadline_s,
     )

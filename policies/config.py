@@ -104,11 +104,29 @@ def parse_config_text(
     try:
         parsed = ConfigIn.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        path: KeyPath = tuple(first["loc"])
-        raise reporter.error(path, dig(data, path), first["msg"]) from None
+        path, message = _most_specific(exc, data)
+        raise reporter.error(path, dig(data, path), message) from None
     check_config(parsed, reporter)
     return _build(parsed, reporter, environ, base_dir, source)
+
+
+def _most_specific(exc: ValidationError, data: Any) -> tuple[KeyPath, str]:
+    """The error that reaches deepest into the document, with its key path cleaned of the
+    union-member tags pydantic inserts (`key: {window_s: -1}` is reported at `key.window_s`,
+    not as "should be 'explicit', 'derived' or 'none'")."""
+    error = max(exc.errors(), key=lambda e: len(e["loc"]))
+    path: list[str | int] = []
+    node: Any = data
+    for index, part in enumerate(error["loc"]):
+        in_document = (isinstance(node, dict) and part in node) or (
+            isinstance(node, list) and isinstance(part, int) and part < len(node)
+        )
+        if in_document:
+            node = node[part]
+        elif index < len(error["loc"]) - 1:
+            continue  # a union member's tag, not a key of the document
+        path.append(part)
+    return tuple(path), error["msg"]
 
 
 def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> Config:
@@ -180,6 +198,8 @@ def _build_upstream(
         retry=RetrySettings(**up.retry.model_dump()),
         max_sessions=up.max_sessions,
         session_idle_s=up.session_idle_s,
+        provider=up.kind,
+        not_executed_statuses=frozenset(up.not_executed_statuses),
     )
 
 
@@ -189,8 +209,10 @@ def _build_rule(index: int, rule: ToolRuleIn) -> ToolRule:
         key = None
     elif isinstance(rule.key, str):
         key = KeyRecipe(mode=rule.key)
+    elif rule.key.fields is not None:
+        key = KeyRecipe(mode="fields", fields=tuple(rule.key.fields), window_s=rule.key.window_s)
     else:
-        key = KeyRecipe(mode="fields", fields=tuple(rule.key.fields))
+        key = KeyRecipe(mode="derived", window_s=rule.key.window_s)
     return ToolRule(
         match=rule.match,
         index=index,
@@ -235,6 +257,7 @@ def _build(
             work_class=cfg.defaults.work_class,
             timeout_s=cfg.defaults.timeout_s,
             deadline_s=cfg.defaults.deadline_s,
+            dedup_window_s=cfg.defaults.dedup_window_s,
         ),
         classes=classes,
         limits={name: _limits(value) for name, value in limits.items()},

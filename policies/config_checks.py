@@ -58,6 +58,9 @@ def _check_upstream(name: str, up: UpstreamIn, reporter: Reporter) -> None:
             raise reporter.error((*where, key), url, "must be an http:// or https:// URL")
     if up.command is not None and not up.command:
         raise reporter.error((*where, "command"), up.command, "must name a program to run")
+    if up.kind != "generic" and up.http is None:
+        why = "only an http upstream can be a model API (kind: openai or anthropic)"
+        raise reporter.error((*where, "kind"), up.kind, why)
 
 
 def check_config(cfg: ConfigIn, reporter: Reporter) -> None:

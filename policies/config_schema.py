@@ -19,6 +19,7 @@ PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 WorkClassName = Literal["critical", "interactive", "background", "bulk"]
+HttpStatus = Annotated[int, Field(ge=400, le=599, strict=True)]
 
 
 class _Strict(BaseModel):
@@ -65,6 +66,7 @@ class DefaultsIn(_Strict):
     work_class: WorkClassName = Field("interactive", alias="class")
     timeout_s: PositiveFloat = 30.0
     deadline_s: PositiveFloat = 60.0
+    dedup_window_s: NonNegativeFloat = 300.0
 
 
 class RetryIn(_Strict):
@@ -88,16 +90,21 @@ class UpstreamIn(_Strict):
     retry: RetryIn = RetryIn()
     max_sessions: PositiveInt = 32
     session_idle_s: PositiveFloat = 300.0
+    kind: Literal["openai", "anthropic", "generic"] = "generic"
+    not_executed_statuses: list[HttpStatus] = Field(default_factory=list)
 
 
-class KeyFieldsIn(_Strict):
-    fields: Annotated[list[str], Field(min_length=1)]
+class KeyRecipeIn(_Strict):
+    """`key: {fields: [...], window_s: N}`: a derived key, from the named fields if given."""
+
+    fields: Annotated[list[str], Field(min_length=1)] | None = None
+    window_s: NonNegativeFloat | None = None
 
 
 class ToolRuleIn(_Strict):
     match: Annotated[str, Field(min_length=1)]
     side_effect: bool | None = None
-    key: Literal["explicit", "derived", "none"] | KeyFieldsIn | None = None
+    key: Literal["explicit", "derived", "none"] | KeyRecipeIn | None = None
     cost_class: str | None = None
     retry_budget: NonNegativeInt | None = None
     reject_as: Literal["error", "tool_error"] = "error"

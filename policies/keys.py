@@ -1,8 +1,10 @@
 """Idempotency keys and request fingerprints.
 
-A call's *fingerprint* is always the hash of its full canonical arguments: it tells "the same key
-sent again with the same arguments" (replay) from "the same key reused for something else"
-(mismatch).
+A call's *fingerprint* is the hash of its operation (the MCP tool name; for HTTP the method and
+normalised path) and its full canonical arguments: it tells "the same call sent again under its
+key" (replay) from "the key reused for something else" (mismatch) — another tool or path with the
+same arguments included, so a `refund` can never be answered with an earlier `charge`'s outcome.
+Absent arguments (`None`) are not the same as empty ones (`{}`).
 The *key* names the ledger entry: the caller's explicit key, or one derived from canonical JSON, or
 none. Keys are scoped by tenant and upstream in the ledger, so an explicit key is returned as given.
 """
@@ -43,18 +45,27 @@ def canonical_json(value: Any) -> str:
     )
 
 
-def fingerprint(arguments: Any) -> str:
-    """The sha256 hex digest of the canonical arguments; absent arguments (`None`) count as `{}`."""
-    return _sha256(canonical_json({} if arguments is None else arguments))
+def fingerprint(operation: str, arguments: Any) -> str:
+    """The sha256 hex digest of the operation and the canonical arguments (`None`: absent).
+
+    Raises:
+        TypeError, ValueError: arguments that have no canonical JSON form (see `canonical_json`).
+    """
+    return _sha256(canonical_json({"operation": operation, "arguments": arguments}))
 
 
 @dataclass(frozen=True, slots=True)
 class KeyDecision:
-    """The idempotency key of one call (`None`: no dedupe) and the fingerprint stored with it."""
+    """The idempotency key of one call (`None`: no dedupe) and the fingerprint stored with it.
+
+    `dedup_window_s`: how long the key recognises a repeat as a retry of this call; `None` for an
+    explicit key, which holds for the ledger's retention.
+    """
 
     key: str | None
     source: KeySource
     fingerprint: str
+    dedup_window_s: float | None = None
 
 
 def decide_key(
@@ -63,22 +74,24 @@ def decide_key(
     explicit: str | None,
     tenant: str,
     upstream: str,
-    tool: str,
+    operation: str,
     arguments: Any,
     run_id: str | None,
+    window_s: float | None = None,
 ) -> KeyDecision:
     """Pick the key of a call: the caller's key wins, else the recipe decides.
 
-    `derived` hashes tenant, upstream, tool, run id and all arguments; `fields` hashes the same
+    `operation` is the tool name (MCP) or "METHOD /path" (HTTP). `derived` hashes tenant,
+    upstream, operation, run id and all arguments (absent ones as null); `fields` hashes the same
     context with only the named argument fields (dotted paths reach into objects, numeric parts
     index lists; a missing field counts as null), so rewording an unnamed free-text field keeps
     the key. `explicit` without a caller key, and `none`, give no key. A blank explicit key counts
-    as absent.
+    as absent. A derived key dedupes for `window_s` (the caller's explicit key: for retention).
 
     Raises:
         TypeError, ValueError: arguments that have no canonical JSON form (see `canonical_json`).
     """
-    arguments_print = fingerprint(arguments)
+    arguments_print = fingerprint(operation, arguments)
     if explicit is not None and explicit.strip():
         return KeyDecision(explicit, "explicit", arguments_print)
     if recipe.mode in ("none", "explicit"):
@@ -87,15 +100,16 @@ def decide_key(
         "recipe": recipe.mode,
         "tenant": tenant,
         "upstream": upstream,
-        "tool": tool,
+        "tool": operation,
         "run_id": run_id,
     }
     if recipe.mode == "fields":
         args = {} if arguments is None else arguments
         document["fields"] = {name: pick_field(args, name) for name in recipe.fields}
     else:
-        document["arguments"] = {} if arguments is None else arguments
-    return KeyDecision(_sha256(canonical_json(document)), "derived", arguments_print)
+        document["arguments"] = arguments
+    key = _sha256(canonical_json(document))
+    return KeyDecision(key, "derived", arguments_print, dedup_window_s=window_s)
 
 
 def pick_field(arguments: Any, path: str) -> Any:

@@ -21,6 +21,7 @@ __all__ = [
     "LedgerSettings",
     "Limits",
     "Mode",
+    "ProviderKind",
     "RejectAs",
     "RetrySettings",
     "TelemetrySettings",
@@ -35,6 +36,7 @@ WORK_CLASSES: tuple[WorkClass, ...] = ("critical", "interactive", "background", 
 Mode = Literal["enforce", "observe"]
 RejectAs = Literal["error", "tool_error"]
 UpstreamKind = Literal["mcp_http", "mcp_stdio", "http"]
+ProviderKind = Literal["openai", "anthropic", "generic"]
 KeyMode = Literal["explicit", "derived", "none", "fields"]
 
 
@@ -91,6 +93,8 @@ class Defaults:
     work_class: WorkClass = "interactive"
     timeout_s: float = 30.0
     deadline_s: float = 60.0
+    dedup_window_s: float = 300.0
+    """How long a derived key recognises a repeat as a retry (explicit keys: `retention_h`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +135,12 @@ class UpstreamSpec:
     """stdio upstreams: live handshake-era sessions (one process each) at most."""
     session_idle_s: float = 300.0
     """stdio upstreams: a session's process with nothing in flight this long is ended."""
+    provider: ProviderKind = "generic"
+    """The config key `kind`: which model API an HTTP upstream speaks. Only `openai` and
+    `anthropic` upstreams have inference endpoints (and 503/529 that prove "not executed")."""
+    not_executed_statuses: frozenset[int] = frozenset()
+    """Statuses by which this upstream says a request was not executed, besides 429 (and the
+    providers' 503/529)."""
 
     @property
     def is_mcp(self) -> bool:
@@ -143,10 +153,12 @@ class KeyRecipe:
 
     `explicit`: only the caller's key (none given → no dedupe); `derived`: hash of all arguments;
     `fields`: hash of the named argument fields only; `none`: no key, the call is still recorded.
+    `window_s`: how long a derived (or fields) key dedupes; None = `defaults.dedup_window_s`.
     """
 
     mode: KeyMode = "derived"
     fields: tuple[str, ...] = ()
+    window_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,9 +5,12 @@ Three pure parts and one factory:
 - `server_delay_s` reads the delay an upstream asked for: `retry-after-ms`, `Retry-After`
   (delay-seconds or HTTP-date), OpenAI's `x-ratelimit-reset-requests`/`-tokens` durations
   ("6m0s", "1s", "120ms") and Anthropic's `anthropic-ratelimit-*-reset` RFC 3339 times.
-- `certainly_not_executed` and `may_retry`: a side-effecting call is retried only when the upstream
-  certainly did not act on it (nothing was sent, or it answered 429/503/529 before processing);
-  a read-only call is retried on any transient failure. `x-should-retry: false` always wins.
+- `not_executed_statuses`, `certainly_not_executed` and `may_retry`: a side-effecting call is
+  retried only when the upstream certainly did not act on it: nothing was sent, or it answered a
+  status that proves it: 429 from anyone, 503/529 only from a declared model provider (`kind`
+  openai or anthropic), and the upstream's own `not_executed_statuses`. A 503 from any other
+  upstream may come from a gateway whose backend already acted. A read-only call is retried on
+  any transient failure. `x-should-retry: false` always wins.
 - `backoff_s`: exponential backoff with full jitter, never shorter than what the server asked.
 - `retrying(...)`: a `tenacity.AsyncRetrying` that stops on attempts *and* on the deadline (a
   delay that would end past the deadline gives up at once rather than sleeping), retries only what
@@ -32,16 +35,18 @@ from typing import Literal
 import tenacity
 
 from policies.budget import RetryBudget
-from policies.model import RetrySettings
+from policies.model import RetrySettings, UpstreamSpec
 
 __all__ = [
     "NOT_EXECUTED_STATUSES",
+    "PROVIDER_NOT_EXECUTED_STATUSES",
     "TRANSIENT_STATUSES",
     "AttemptFailure",
     "FailureKind",
     "backoff_s",
     "certainly_not_executed",
     "may_retry",
+    "not_executed_statuses",
     "parse_duration_s",
     "retrying",
     "server_delay_s",
@@ -53,8 +58,10 @@ FailureKind = Literal["not_sent", "answered", "lost", "timeout"]
 replied with an error status; lost: sent, the answer never came whole; timeout: sent, then the
 attempt timed out."""
 
-# Statuses that upstreams use to refuse *before* processing: rate limited, unavailable, overloaded.
-NOT_EXECUTED_STATUSES = frozenset({429, 503, 529})
+# Statuses that prove an upstream refused *before* processing: rate limited, from anyone; and
+# unavailable / overloaded from a model provider, which sends them itself (no gateway between).
+NOT_EXECUTED_STATUSES = frozenset({429})
+PROVIDER_NOT_EXECUTED_STATUSES = frozenset({503, 529})
 # Statuses worth retrying for a call that is safe to repeat (read-only or inference).
 TRANSIENT_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
 
@@ -113,25 +120,41 @@ def should_retry_header(headers: Mapping[str, str]) -> bool | None:
     return True if text == "true" else False if text == "false" else None
 
 
-def certainly_not_executed(failure: AttemptFailure) -> bool:
-    """True when the upstream certainly did not act: nothing sent, or a 429/503/529 refusal."""
+def not_executed_statuses(spec: UpstreamSpec) -> frozenset[int]:
+    """The statuses by which `spec` proves it did not execute a request (see module docstring)."""
+    statuses = NOT_EXECUTED_STATUSES | spec.not_executed_statuses
+    if spec.provider != "generic":
+        statuses |= PROVIDER_NOT_EXECUTED_STATUSES
+    return statuses
+
+
+def certainly_not_executed(
+    failure: AttemptFailure, not_executed: frozenset[int] = NOT_EXECUTED_STATUSES
+) -> bool:
+    """True when the upstream certainly did not act: nothing was sent, or it answered one of
+    the `not_executed` statuses (the upstream's, from `not_executed_statuses`)."""
     if failure.kind == "not_sent":
         return True
-    return failure.kind == "answered" and failure.status in NOT_EXECUTED_STATUSES
+    return failure.kind == "answered" and failure.status in not_executed
 
 
-def may_retry(failure: AttemptFailure, *, side_effect: bool) -> bool:
+def may_retry(
+    failure: AttemptFailure,
+    *,
+    side_effect: bool,
+    not_executed: frozenset[int] = NOT_EXECUTED_STATUSES,
+) -> bool:
     """Whether policy allows another attempt after `failure`.
 
     `x-should-retry: false` forbids it. A side-effecting call is retried only when it certainly
-    did not execute: a timeout or a lost connection may have acted, so it is never retried. A
-    read-only call is retried on transient failures (not on a plain 4xx), or when the upstream
-    says `x-should-retry: true`.
+    did not execute (nothing sent, or a status in `not_executed`): a timeout, a lost connection
+    or another 5xx may have acted, so it is never retried. A read-only call is retried on
+    transient failures (not on a plain 4xx), or when the upstream says `x-should-retry: true`.
     """
     verdict = should_retry_header(failure.headers)
     if verdict is False:
         return False
-    if certainly_not_executed(failure):
+    if certainly_not_executed(failure, not_executed):
         return True
     if side_effect:
         return False
@@ -166,6 +189,7 @@ def retrying(
     describe: Callable[[BaseException], AttemptFailure | None],
     budget: RetryBudget | None = None,
     max_attempts: int | None = None,
+    not_executed: frozenset[int] = NOT_EXECUTED_STATUSES,
     sleep: Callable[[float], Awaitable[None]] | None = None,
     wall_clock: Callable[[], float] = time.time,
     random_unit: Callable[[], float] = random.random,
@@ -174,7 +198,8 @@ def retrying(
     """A tenacity retry loop for one proxied call.
 
     Use as `async for attempt in retrying(...): with attempt: ...`. The loop retries an exception
-    only if `describe` maps it to an `AttemptFailure` that `may_retry` accepts (a positive
+    only if `describe` maps it to an `AttemptFailure` that `may_retry` accepts, given the
+    upstream's `not_executed` statuses (a positive
     predicate: anything else, cancellation included, propagates at once). It stops after
     `max_attempts` (default `settings.max_attempts`), when the next delay would end at or past
     `deadline` (on `clock`), or when `budget` has no retry left; the last exception is re-raised.
@@ -189,7 +214,9 @@ def retrying(
 
     def retryable(state: tenacity.RetryCallState) -> bool:
         failure = failure_of(state)
-        return failure is not None and may_retry(failure, side_effect=side_effect)
+        return failure is not None and may_retry(
+            failure, side_effect=side_effect, not_executed=not_executed
+        )
 
     def wait(state: tenacity.RetryCallState) -> float:
         failure = failure_of(state)

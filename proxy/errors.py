@@ -2,13 +2,15 @@
 
     UpstreamError                  something went wrong reaching or hearing from an upstream
     ├── UpstreamNotReached         nothing was sent: connect refused, DNS, process not started
-    ├── UpstreamPressure           the upstream refused before processing (HTTP 429/503/529)
+    ├── UpstreamPressure           the upstream pushed back (HTTP 429/503/529: cooldown)
     ├── UpstreamRefused            another non-2xx status answered before a JSON-RPC reply
     └── UpstreamLost               the request was sent and no complete answer came back
         └── UpstreamTimeout        ... because the per-attempt timeout passed
 
-`UpstreamNotReached` and `UpstreamPressure` mean "certainly not executed": only they permit a retry
-of a side-effecting call. `UpstreamLost` makes a side-effecting call `unknown`. Transport code maps
+`UpstreamNotReached` means "certainly not executed", and so does an answered status in the
+upstream's not-executed set (`policies.retry.not_executed_statuses`: 429; 503/529 only from a model
+provider); only they permit a retry of a side-effecting call. `UpstreamLost`, and any other 5xx
+(a gateway's 503 included), make a side-effecting call `unknown`. Transport code maps
 `aiohttp.ClientError` / OS errors into these in one place (`raise … from exc`).
 """
 
@@ -35,7 +37,8 @@ class UpstreamNotReached(UpstreamError):
 
 
 class UpstreamPressure(UpstreamError):
-    """The upstream answered 429/503/529 before processing; `headers` carry its retry hints."""
+    """The upstream answered 429/503/529 (a cooldown); `headers` carry its retry hints. Whether it
+    proves "not executed" depends on the upstream (`policies.retry.not_executed_statuses`)."""
 
     def __init__(self, status: int, headers: Mapping[str, str], body: bytes = b"") -> None:
         super().__init__(f"upstream answered HTTP {status}")

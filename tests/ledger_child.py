@@ -6,6 +6,9 @@ JSON object per line, flushed, so the parent can act the moment something is dur
 - `claim URL KEY LEASE_S`: claim KEY, report it, then hang until killed (SIGKILL mid-call).
 - `race URL KEY N`: report "ready", wait for "go" on stdin, claim KEY N times at once, report
   the kinds.
+- `race_keys URL N`: report "ready"; then for each PREFIX line on stdin claim keys PREFIX-0 …
+  PREFIX-(N-1) all at once and report the kind of each claim and the attempt it started (an
+  empty line or the end of stdin ends it).
 - `flood URL CONCURRENCY`: claim new keys from CONCURRENCY tasks forever, reporting each
   claim the moment the ledger acknowledges it (SIGKILL mid-group-commit).
 """
@@ -56,6 +59,19 @@ async def race(url: str, key: str, n: str) -> None:
         await store.close()
 
 
+async def race_keys(url: str, n: str) -> None:
+    store = await _open(url)
+    try:
+        _report(ready=True)
+        while prefix := (await asyncio.to_thread(sys.stdin.readline)).strip():
+            keys = [f"{prefix}-{i}" for i in range(int(n))]
+            results = await asyncio.gather(*(store.claim(_request(key)) for key in keys))
+            claims = [[key, r.kind, r.entry.attempt] for key, r in zip(keys, results, strict=True)]
+            _report(claims=claims)
+    finally:
+        await store.close()
+
+
 async def flood(url: str, concurrency: str) -> None:
     store = await _open(url)
     counter = itertools.count()
@@ -69,7 +85,7 @@ async def flood(url: str, concurrency: str) -> None:
     await asyncio.gather(*(claimer() for _ in range(int(concurrency))))
 
 
-COMMANDS = {"claim": claim_and_hang, "race": race, "flood": flood}
+COMMANDS = {"claim": claim_and_hang, "race": race, "race_keys": race_keys, "flood": flood}
 
 if __name__ == "__main__":
     command, *arguments = sys.argv[1:]

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import secrets
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -44,8 +46,14 @@ __all__ = [
     "ledger_settings",
     "ledger_store",
     "ledger_url",
+    "only_postgres",
+    "only_sqlite",
+    "pg_admin_dsn",
+    "pg_execute",
     "pg_server_url",
+    "pg_terminate_backends",
     "run_async",
+    "sqlite_write_lock_in_another_process",
 ]
 
 T = TypeVar("T")
@@ -106,6 +114,16 @@ def _dsn(url: str, database: str | None = None) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def pg_admin_dsn() -> str:
+    """A plain `postgresql://` DSN of the server's own database (not a test's), for asyncpg."""
+    return _dsn(pg_server_url())
+
+
+async def pg_execute(dsn: str, *statements: str) -> None:
+    """Run `statements` on a connection of their own (asyncpg, outside any ledger engine)."""
+    await _pg_execute(dsn, *statements)
+
+
 async def _pg_execute(dsn: str, *statements: str) -> None:
     conn = await asyncpg.connect(dsn, timeout=5)
     try:
@@ -142,6 +160,14 @@ def ledger_backend(request: pytest.FixtureRequest) -> Iterator[LedgerBackend]:
         yield LedgerBackend("postgres", _dsn(pg_server_url(), name))
     finally:
         run_async(lambda: _pg_execute(server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+only_sqlite = pytest.mark.parametrize("ledger_backend", ["sqlite"], indirect=True)
+"""Mark a test of a module using `ledger_backend` that means SQLite only (a file lock, …)."""
+only_postgres = pytest.mark.parametrize(
+    "ledger_backend", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+"""Mark a test of a module using `ledger_backend` that means PostgreSQL only."""
 
 
 @pytest.fixture
@@ -182,3 +208,49 @@ def claim_request(key: str | None = "key-1", **overrides: Any) -> ClaimRequest:
     }
     fields.update(overrides)
     return ClaimRequest(**fields)
+
+
+async def pg_terminate_backends(url: str) -> int:
+    """Kill every server connection to the database of ledger `url` (its stores' writers and
+    pools included) with `pg_terminate_backend`; return how many were killed."""
+    database = make_url(url).database
+    conn = await asyncpg.connect(_dsn(pg_server_url()), timeout=5)
+    try:
+        killed = await conn.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = $1 AND pid <> pg_backend_pid()",
+            database,
+        )
+    finally:
+        await conn.close()
+    return int(killed)
+
+
+@contextlib.asynccontextmanager
+async def sqlite_write_lock_in_another_process(url: str) -> AsyncIterator[Callable[[], None]]:
+    """Another process holds the SQLite write lock (BEGIN IMMEDIATE) of ledger `url` from when
+    this is entered until the yielded `release()` is called; leaving waits for it to exit."""
+    path = url.removeprefix("sqlite:///")
+    script = (
+        "import sqlite3, sys\n"
+        f"c = sqlite3.connect({path!r}, isolation_level=None)\n"
+        "c.execute('BEGIN IMMEDIATE')\n"
+        "print('locked', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "c.execute('ROLLBACK')\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+    )
+    stdin, stdout = proc.stdin, proc.stdout
+    assert stdin is not None
+    assert stdout is not None
+    try:
+        line = await asyncio.wait_for(stdout.readline(), _ADMIN_TIMEOUT_S)
+        assert line == b"locked\n", line
+        yield lambda: stdin.write(b"release\n")
+        await asyncio.wait_for(proc.wait(), _ADMIN_TIMEOUT_S)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -20,7 +20,7 @@ import aiohttp
 from opentelemetry.trace import SpanKind
 
 from policies.admission import Refusal
-from policies.retry import retrying
+from policies.retry import not_executed_statuses, retrying
 from proxy.errors import UpstreamError, UpstreamNotReached, UpstreamPressure
 from proxy.http.context import HttpCall
 from proxy.http.downstream import sse_error_event
@@ -111,6 +111,7 @@ async def forward(call: HttpCall) -> Opened:
         describe=describe_failure,
         budget=call.app[RETRY_BUDGETS].for_upstream(call.upstream.name),
         max_attempts=attempts if call.retryable_body else 1,
+        not_executed=not_executed_statuses(call.upstream),
     )
     try:
         async for attempt in loop:
@@ -197,8 +198,7 @@ async def relay(call: HttpCall, opened: Opened, *, collect: bool) -> bytes:
     stream_usage = StreamUsage() if call.policy.costly and sse else None
     keep = collect or (call.policy.costly and not sse)
     if call.downstream.sse_opened_early and not (sse and response.status < 300):
-        await _relay_as_error_event(call, opened)
-        return b""
+        return await _relay_as_error_event(call, opened, collect=collect)
     if not call.downstream.committed:
         await call.downstream.start(response.status, response_headers(response.headers.items()))
     parts: list[bytes] = []
@@ -230,21 +230,43 @@ async def relay(call: HttpCall, opened: Opened, *, collect: bool) -> bytes:
     return body
 
 
-async def _relay_as_error_event(call: HttpCall, opened: Opened) -> None:
-    """The caller already has an SSE stream open (it waited): an upstream error becomes an event."""
+async def _relay_as_error_event(call: HttpCall, opened: Opened, *, collect: bool) -> bytes:
+    """The caller already has an SSE stream open (it waited) and the upstream did not stream:
+    its answer goes to the caller as one SSE `error` event, an upstream error as that error,
+    anything else (a success in JSON) as `not_streamed` with the status and the body.
+
+    With `collect` (a side effect) the whole body is read and returned, so the ledger keeps the
+    real answer and a repeat of the key replays it; otherwise only what the event shows is read.
+    """
     parts: list[bytes] = [opened.first]
     size = len(opened.first)
-    while size < _ERROR_BODY_CAP and (chunk := await read_chunk(opened.response)):
+    while (collect or size < _ERROR_BODY_CAP) and (chunk := await read_chunk(opened.response)):
         parts.append(chunk)
         size += len(chunk)
+    whole = b"".join(parts)
     status = opened.response.status
     try:
-        body = json.loads(b"".join(parts))
+        answer = json.loads(whole) if size <= _ERROR_BODY_CAP else None
     except (ValueError, UnicodeDecodeError):
-        body = None
-    if not (isinstance(body, dict) and isinstance(body.get("error"), dict)):
-        body = {"error": {"type": "upstream_error", "message": "the upstream did not stream"}}
-    body["error"] = {**body["error"], "status": status}
+        answer = None
+    if status >= 400 and isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+        event = {"error": {**answer["error"], "status": status}}
+    else:
+        event = {"error": _not_streamed(call, status, answer)}
     call.span.set_attribute("http.response.status_code", status)
     with contextlib.suppress(*CLIENT_GONE):
-        await call.downstream.write(sse_error_event(body))
+        await call.downstream.write(sse_error_event(event))
+    return whole
+
+
+def _not_streamed(call: HttpCall, status: int, answer: Any) -> dict[str, Any]:
+    """The event for an answer that is no stream: what the upstream said, and how to get it
+    again (a side effect's answer is recorded under its idempotency key)."""
+    message = f"the upstream answered HTTP {status} without streaming"
+    error: dict[str, Any] = {"type": "not_streamed", "message": message, "status": status}
+    if answer is not None:
+        error["body"] = answer
+    if call.policy.side_effect and call.key is not None and call.key.key is not None:
+        error["message"] += "; the answer is recorded: repeat the call with the same key to get it"
+        error["idempotency_key"] = call.key.key
+    return error

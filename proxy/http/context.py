@@ -89,6 +89,7 @@ class HttpCall:
             work_class=self.work_class,
             run_id=self.attrs.run_id,
             trace_id=tracing.current_trace_id(),
+            dedup_window_s=self.key.dedup_window_s,
         )
 
     def release_slot(self) -> None:

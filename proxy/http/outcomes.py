@@ -34,23 +34,12 @@ def encode_outcome(status: int, headers: Iterable[tuple[str, str]], body: bytes)
     return json.dumps(record, separators=(",", ":")).encode()
 
 
-def replay_response(
-    outcome: bytes | None, *, state: str, entry_id: str, idempotency_key: str | None
-) -> web.Response:
+def replay_response(outcome: bytes) -> web.Response:
     """The stored answer of a finished call, byte-identical, marked `Idempotent-Replayed: true`.
 
-    An outcome that was too large to keep (only its hash was stored) answers 200 with a note.
+    An entry without a stored outcome is never replayed (the pipeline answers 409
+    `outcome_not_retained` instead).
     """
-    if outcome is None:
-        body = {
-            "status": "completed",
-            "state": state,
-            "outcome_retained": False,
-            "entry_id": entry_id,
-            "idempotency_key": idempotency_key,
-            "message": "The call completed; its outcome was too large to be kept for replay.",
-        }
-        return web.json_response(body, headers={REPLAYED_HEADER: "true"})
     record = json.loads(outcome)
     headers: CIMultiDict[str] = CIMultiDict((name, value) for name, value in record["headers"])
     headers[REPLAYED_HEADER] = "true"

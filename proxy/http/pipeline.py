@@ -8,7 +8,6 @@ admission slot) and for relaying the answer.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import hashlib
@@ -18,11 +17,12 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from ledger import LedgerError, LedgerStore, LedgerUnavailable, StaleToken
+from ledger import EntryView, LedgerError, LedgerStore, LedgerUnavailable, StaleToken
 from policies import answers
 from policies.admission import Refusal
 from policies.answers import CODE_INVALID_REQUEST, Answer
-from policies.keys import KeyDecision, decide_key, fingerprint
+from policies.keys import KeyDecision, decide_key
+from policies.retry import not_executed_statuses
 from policies.token_budget import TokenBudget
 from proxy.errors import (
     UpstreamError,
@@ -34,7 +34,15 @@ from proxy.errors import (
 from proxy.http.attempts import CLIENT_GONE, admit, cooldown_remaining, forward, relay
 from proxy.http.context import HttpCall
 from proxy.http.outcomes import encode_outcome, replay_response
-from proxy.runtime.leases import AttemptNotClaimed, Lease, claim_refusal, keep_lease, next_attempt
+from proxy.runtime.leases import (
+    AttemptNotClaimed,
+    Lease,
+    claim_refusal,
+    keep_lease,
+    next_attempt,
+    record_finish,
+)
+from proxy.runtime.ledger_writes import until_written
 from proxy.runtime.scheduler import AdmissionRefused
 from proxy.state import CONFIG, LEDGER
 from proxy.telemetry import metrics, tracing
@@ -43,8 +51,8 @@ __all__ = ["TOKEN_BUDGET", "HttpCall", "run_http_call"]
 
 
 TOKEN_BUDGET = web.AppKey("token_budget", TokenBudget)
-# Statuses by which an upstream says it did not process the request (429/503/529 arrive earlier,
-# as pressure): request timeout, too early.
+# Statuses by which any upstream says it did not process the request: request timeout, too early
+# (429, and 503/529 from a model provider, arrive earlier, as pressure).
 _NOT_PROCESSED = frozenset({408, 425})
 
 
@@ -121,9 +129,7 @@ async def _run_side_effect(call: HttpCall) -> web.StreamResponse:
     )
     if claim.kind == "replay":
         call.release_slot()
-        return replay_response(
-            entry.outcome, state=str(entry.state), entry_id=entry.id, idempotency_key=key
-        )
+        return await _replay(call, entry)
     if (refusal := claim_refusal(claim, key)) is not None:
         return await call.answer(refusal)
     lease = Lease(entry.id, entry.fencing_token)
@@ -151,10 +157,7 @@ async def _forward_and_record(
         # The failed attempt was released (it did not run); the next could not be claimed.
         claim = lost.claim
         if claim is not None and claim.kind == "replay":  # another send finished it meanwhile
-            entry = claim.entry
-            return replay_response(
-                entry.outcome, state=str(entry.state), entry_id=entry.id, idempotency_key=key
-            )
+            return await _replay(call, claim.entry)
         refusal = None if claim is None else claim_refusal(claim, key)
         if refusal is None:  # the ledger could not be asked
             return await call.answer(answers.ledger_unavailable(str(lost), key))
@@ -162,10 +165,16 @@ async def _forward_and_record(
     except AdmissionRefused as exc:
         await ledger.release(f"retry refused: {exc.refusal.reason}", exc.refusal.retry_after_s)
         return await call.answer(_refusal_answer(call, exc.refusal))
-    except (UpstreamNotReached, UpstreamPressure) as exc:
+    except UpstreamPressure as exc:
+        if exc.status not in not_executed_statuses(call.upstream):
+            # e.g. a gateway's 503 after its backend acted: no proof that nothing ran
+            detail = f"upstream answered HTTP {exc.status}"
+            await ledger.unknown(detail)
+            return await call.answer(answers.outcome_unknown(key, entry_id, detail))
         await ledger.release(f"not executed: {exc}", cooldown_remaining(call) or None)
-        if isinstance(exc, UpstreamPressure):
-            return await _answer_pressure(call, exc)
+        return await _answer_pressure(call, exc)
+    except UpstreamNotReached as exc:
+        await ledger.release(f"not executed: {exc}", cooldown_remaining(call) or None)
         return await call.answer(_failure_answer(exc))
     except UpstreamLost as exc:
         detail = "timed out" if isinstance(exc, UpstreamTimeout) else "connection lost"
@@ -175,9 +184,12 @@ async def _forward_and_record(
         # cancelled (shutdown) or a bug after write-ahead: the call may have been sent
         await ledger.unknown("interrupted after write-ahead")
         raise
+    status = opened.response.status
+    # the upstream says it did not act: its answer is relayed and the key may be sent again
+    not_executed = status in _NOT_PROCESSED or status in not_executed_statuses(call.upstream)
     try:
-        if opened.response.status >= 500:  # it may have acted before failing
-            detail = f"upstream answered HTTP {opened.response.status}"
+        if status >= 500 and not not_executed:  # it may have acted before failing
+            detail = f"upstream answered HTTP {status}"
             await ledger.unknown(detail)
             return await call.answer(answers.outcome_unknown(key, entry_id, detail))
         body = await relay(call, opened, collect=True)
@@ -189,8 +201,7 @@ async def _forward_and_record(
         raise
     finally:
         opened.response.release()
-    status = opened.response.status
-    if status in _NOT_PROCESSED:  # the upstream says it did not act: the key may be sent again
+    if not_executed:
         await ledger.release(f"not executed: upstream answered HTTP {status}", None)
     else:
         # A 4xx is the upstream's answer (a declined card stays declined): it is recorded as
@@ -198,6 +209,15 @@ async def _forward_and_record(
         outcome = encode_outcome(status, opened.response.headers.items(), body)
         await ledger.finish(outcome, failed=status >= 400)
     return await _end(call)
+
+
+async def _replay(call: HttpCall, entry: EntryView) -> web.StreamResponse:
+    """A finished entry's stored answer; without one (too large, or resolved by an operator) a
+    409 `outcome_not_retained` with its state: never a success the caller could misread."""
+    if entry.outcome is None:
+        key = call.key.key if call.key else None
+        return await call.answer(answers.outcome_not_retained(key, entry.id, str(entry.state)))
+    return replay_response(entry.outcome)
 
 
 def _refusal_answer(call: HttpCall, refusal: Refusal) -> Answer:
@@ -250,26 +270,25 @@ def _over_budget(call: HttpCall) -> Answer | None:
 
 
 def _decide_key(call: HttpCall) -> KeyDecision:
-    """The call's key and fingerprint: the JSON body is the arguments (a field recipe picks from
-    it); another body counts by its digest; the query string is part of both."""
+    """The call's key and fingerprint. The operation is "METHOD /path"; the arguments are the
+    JSON body (a field recipe picks from it), another body by its digest, and the query string
+    when there is one."""
     arguments = call.payload
     if arguments is None and isinstance(call.body, bytes) and call.body:
         arguments = {"body_sha256": hashlib.sha256(call.body).hexdigest()}
     query = call.request.rel_url.raw_query_string
-    decision = decide_key(
+    if query:
+        arguments = {"query": query, "body": arguments}
+    return decide_key(
         call.policy.key,
         explicit=call.attrs.idempotency_key,
         tenant=call.attrs.tenant,
         upstream=call.upstream.name,
-        tool=f"{call.tool}?{query}" if query else call.tool,
+        operation=call.tool,
         arguments=arguments,
         run_id=call.attrs.run_id,
+        window_s=call.policy.dedup_window_s,
     )
-    if query:
-        decision = replace(
-            decision, fingerprint=fingerprint({"query": query, "arguments": arguments})
-        )
-    return decision
 
 
 async def _answer_pressure(call: HttpCall, error: UpstreamPressure) -> web.StreamResponse:
@@ -333,9 +352,7 @@ class _EntryRecorder:
     async def finish(self, outcome: bytes, *, failed: bool = False) -> None:
         state: Literal["succeeded", "failed"] = "failed" if failed else "succeeded"
         lease = self._lease
-        await self._write(
-            state, self._store.finish(lease.entry_id, lease.token, state=state, outcome=outcome)
-        )
+        await self._write(state, record_finish(self._store, lease, state=state, outcome=outcome))
 
     async def unknown(self, reason: str) -> None:
         lease = self._lease
@@ -360,8 +377,8 @@ class _EntryRecorder:
             with tracing.child_span(
                 "interlock.ledger.finish", attributes={tracing.Attr.LEDGER_STATE: state}
             ):
-                # shielded: a caller that goes away must not leave the entry `running`
-                await asyncio.shield(operation)
+                # a caller that goes away, or shutdown, must not leave the entry `running`
+                await until_written(operation)
             span.set_attribute("interlock.ledger.state", state)
         except StaleToken as exc:
             span.set_attribute("interlock.ledger.state", str(exc.state))

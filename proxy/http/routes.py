@@ -21,10 +21,10 @@ from aiohttp import web
 from policies import answers
 from policies.answers import CODE_INVALID_REQUEST, CODE_PARSE_ERROR, Answer
 from policies.attributes import BadAttribute, read_attributes
-from policies.classify import INFERENCE_PATH, classify_http
+from policies.classify import classify_http
 from policies.token_budget import TokenBudget
 from proxy.http.downstream import Downstream
-from proxy.http.paths import UnsafePath, split_route, upstream_url
+from proxy.http.paths import UnsafePath, split_route, upstream_target
 from proxy.http.pipeline import TOKEN_BUDGET, HttpCall, run_http_call
 from proxy.http.upstream import HTTP_SESSIONS
 from proxy.state import CONFIG, RUNTIME
@@ -32,13 +32,6 @@ from proxy.telemetry import tracing
 
 __all__ = ["setup_http"]
 
-_GEN_AI_OPERATIONS = {
-    "chat/completions": "chat",
-    "responses": "chat",
-    "messages": "chat",
-    "completions": "text_completion",
-    "embeddings": "embeddings",
-}
 _MIN_CONNECTIONS = 100
 _ROUTE = "/http/{upstream}/{path}"
 
@@ -89,13 +82,13 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
     if spec is None or spec.kind != "http" or not spec.url:
         return _reply(_bad("unknown_upstream", f"No HTTP upstream named {name!r}.", 404))
     try:
-        target = upstream_url(spec.url, tail, request.rel_url.raw_query_string)
+        target = upstream_target(spec.url, tail, request.rel_url.raw_query_string)
         attrs = read_attributes(config, request.headers)
     except UnsafePath as exc:
         return _reply(_bad("unsafe_path", str(exc)))
     except BadAttribute as exc:
-        return _reply(_bad("bad_attribute", str(exc)))
-    path = f"/{tail}"
+        return _reply(_bad(f"bad_{exc.name}", str(exc), code=answers.CODE_INVALID_PARAMS))
+    path = target.path  # rules, classification and the ledger see what the upstream runs
     policy = classify_http(config, name, request.method, path)
     is_json = _is_json(request.content_type)
     if not request.body_exists:
@@ -118,7 +111,7 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
     streaming = (isinstance(payload, dict) and payload.get("stream") is True) or (
         "text/event-stream" in request.headers.get("Accept", "")
     )
-    operation = _gen_ai_operation(path) if policy.costly else None
+    operation = policy.gen_ai_operation
     if operation and isinstance(model, str):
         span_name = f"{operation} {model}"  # the GenAI convention for model calls
     else:
@@ -143,7 +136,7 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
                 app=request.app,
                 request=request,
                 upstream=spec,
-                target=target,
+                target=target.url,
                 tool=f"{request.method} {path}",
                 attrs=attrs,
                 policy=policy,
@@ -191,10 +184,3 @@ def _parse_json(body: bytes, must_be_object: bool) -> tuple[Any, Answer | None]:
     if must_be_object and not isinstance(payload, dict):
         return None, _bad("invalid_request", "A model API request body must be a JSON object.")
     return payload, None
-
-
-def _gen_ai_operation(path: str) -> str | None:
-    match = INFERENCE_PATH.search(path)
-    if match is None:
-        return None
-    return _GEN_AI_OPERATIONS.get(match.group(0).strip("/"))

@@ -7,7 +7,9 @@ Annotations arrive for free when a client lists tools through the proxy (the tra
 with `learn_tools`). A proxy that restarted, or a client that cached its tool list, would otherwise
 leave a tool unclassified — and an unclassified tool counts as side-effecting: safe, but it is
 ledgered and it is refused when the ledger is down. So before deciding on a default, the proxy lists
-the tools of a Streamable HTTP upstream itself, once per `_REFRESH_S`, with a short timeout."""
+the upstream's tools itself, once per `_REFRESH_S`, with a short timeout: over Streamable HTTP, or
+for a stdio upstream by starting its command once (a short-lived process of its own, ended as soon
+as the listing is done, so no client session's process is borrowed)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from typing import Any
 
 import httpx2
 from aiohttp import web
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.inbound import find_invalid_x_mcp_header, x_mcp_header_map
 
@@ -41,6 +43,7 @@ log = logging.getLogger("interlock.tools")
 
 _REFRESH_S = 60.0
 _TIMEOUT_S = 3.0
+_STDIO_TIMEOUT_S = 10.0  # a stdio listing starts the server's process first
 _MAX_PAGES = 20
 
 
@@ -106,8 +109,8 @@ def learn_tools(app: web.Application, upstream: str, result: Mapping[str, Any]) 
 
 
 async def learn_annotations(app: web.Application, spec: UpstreamSpec) -> None:
-    """List the upstream's tools ourselves (Streamable HTTP upstreams; at most once a minute)."""
-    if spec.kind != "mcp_http" or spec.url is None:
+    """List the upstream's tools ourselves (at most once a minute per upstream)."""
+    if spec.kind == "http" or (spec.kind == "mcp_http" and spec.url is None):
         return
     learning = app[CATALOG]
     lock = learning.locks.setdefault(spec.name, asyncio.Lock())
@@ -117,21 +120,32 @@ async def learn_annotations(app: web.Application, spec: UpstreamSpec) -> None:
             return
         learning.attempts[spec.name] = time.monotonic()
         try:
-            async with asyncio.timeout(_TIMEOUT_S):
+            timeout_s = _STDIO_TIMEOUT_S if spec.kind == "mcp_stdio" else _TIMEOUT_S
+            async with asyncio.timeout(timeout_s):
                 await _list_all(app, spec)
         except Exception as exc:  # noqa: BLE001 - learning is best effort; the default is safe
             log.warning("%s: could not list tools to learn annotations: %s", spec.name, exc)
 
 
 async def _list_all(app: web.Application, spec: UpstreamSpec) -> None:
+    if spec.kind == "mcp_stdio":
+        command, *args = spec.command
+        server = StdioServerParameters(command=command, args=args, env=dict(spec.env), cwd=spec.cwd)
+        async with Client(server, mode="auto") as client:
+            await _list_pages(app, spec.name, client)
+        return
     assert spec.url is not None
     async with httpx2.AsyncClient(headers=dict(spec.headers), timeout=_TIMEOUT_S) as http:
         transport = streamable_http_client(spec.url, http_client=http)
         async with Client(transport, mode="auto") as client:
-            cursor: str | None = None
-            for _ in range(_MAX_PAGES):
-                page = await client.list_tools(cursor=cursor)
-                learn_tools(app, spec.name, page.model_dump(by_alias=True, exclude_none=True))
-                cursor = page.next_cursor
-                if not cursor:
-                    break
+            await _list_pages(app, spec.name, client)
+
+
+async def _list_pages(app: web.Application, upstream: str, client: Client) -> None:
+    cursor: str | None = None
+    for _ in range(_MAX_PAGES):
+        page = await client.list_tools(cursor=cursor)
+        learn_tools(app, upstream, page.model_dump(by_alias=True, exclude_none=True))
+        cursor = page.next_cursor
+        if not cursor:
+            break

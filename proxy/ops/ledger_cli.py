@@ -192,7 +192,8 @@ async def _cmd_resolve(args: argparse.Namespace, settings: LedgerSettings, out: 
     if entry.state is EntryState.ACCEPTED:
         out.print(f"the next send with this key runs attempt {entry.attempt + 1}")
     elif entry.state is EntryState.BLOCKED:
-        out.print(f"retry budget spent ({entry.attempt} of {args.max_attempts} attempts): blocked")
+        used = entry.operator_retries + 1
+        out.print(f"retry budget spent ({used} of {args.max_attempts} attempts): blocked")
     return EXIT_OK
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from policies.model import Config, Limits
+from policies.model import Config, KeyRecipe, Limits, UpstreamSpec
+from policies.retry import not_executed_statuses
 
 __all__ = ["print_policy"]
 
@@ -33,7 +34,8 @@ def print_policy(config: Config, console: Console | None = None) -> None:
     )
     console.print(
         f"defaults: class {config.defaults.work_class}, attempt timeout "
-        f"{config.defaults.timeout_s:g} s, deadline {config.defaults.deadline_s:g} s"
+        f"{config.defaults.timeout_s:g} s, deadline {config.defaults.deadline_s:g} s, "
+        f"dedup window {config.defaults.dedup_window_s:g} s (derived keys)"
     )
 
     limits = Table(title="Limits per scope", title_justify="left")
@@ -56,25 +58,18 @@ def print_policy(config: Config, console: Console | None = None) -> None:
     console.print(classes)
 
     upstreams = Table(title="Upstreams", title_justify="left")
-    for column in ("name", "kind", "target", "injected headers", "timeout_s", "retry"):
+    columns = ("name", "transport", "kind", "target", "not executed", "headers", "timeout_s")
+    for column in (*columns, "retry"):
         upstreams.add_column(column)
     for spec in config.upstreams.values():
-        target = spec.url or " ".join(spec.command)
-        retry = f"{spec.retry.max_attempts} attempts, budget {spec.retry.budget_ratio:.0%}"
-        headers = ", ".join(sorted(spec.headers)) or "-"  # names only: values are secrets
-        upstreams.add_row(spec.name, spec.kind, target, headers, _num(spec.timeout_s), retry)
+        upstreams.add_row(*_upstream_row(spec))
     console.print(upstreams)
 
     rules = Table(title="Tool rules (first match wins)", title_justify="left")
     for column in ("#", "match", "side_effect", "key", "cost_class", "retry_budget", "reject_as"):
         rules.add_column(column)
     for rule in config.tools:
-        if rule.key is None:
-            key = "default (derived)"
-        elif rule.key.mode == "fields":
-            key = "fields: " + ", ".join(rule.key.fields)
-        else:
-            key = rule.key.mode
+        key = "default" if rule.key is None else _key(rule.key)
         side = "from annotations" if rule.side_effect is None else str(rule.side_effect).lower()
         rules.add_row(
             str(rule.index),
@@ -88,3 +83,21 @@ def print_policy(config: Config, console: Console | None = None) -> None:
     if not config.tools:
         rules.add_row("-", "(none: tool annotations, then built-in defaults)", "", "", "", "", "")
     console.print(rules)
+
+
+def _upstream_row(spec: UpstreamSpec) -> list[str]:
+    """One upstream: transport, model kind (HTTP only), the statuses that prove "not executed"
+    (a side effect answered one of them is released, any other 5xx makes it unknown)."""
+    target = spec.url or " ".join(spec.command)
+    kind = spec.provider if spec.kind == "http" else "-"
+    statuses = ", ".join(str(status) for status in sorted(not_executed_statuses(spec)))
+    retry = f"{spec.retry.max_attempts} attempts, budget {spec.retry.budget_ratio:.0%}"
+    headers = ", ".join(sorted(spec.headers)) or "-"  # names only: values are secrets
+    return [spec.name, spec.kind, kind, target, statuses, headers, _num(spec.timeout_s), retry]
+
+
+def _key(recipe: KeyRecipe) -> str:
+    text = "fields: " + ", ".join(recipe.fields) if recipe.mode == "fields" else recipe.mode
+    if recipe.window_s is not None:
+        text += f", window {recipe.window_s:g} s"
+    return text

@@ -1,2 +1,3 @@
 """Shared by the MCP and HTTP paths: admission (`scheduler`), a call's hold on its ledger entry
-(`leases`), and upstream pressure in the retry policy's words (`upstream_pressure`)."""
+(`leases`), upstream pressure in the retry policy's words (`upstream_pressure`), and ledger
+writes that outlive a cancelled call (`ledger_writes`)."""

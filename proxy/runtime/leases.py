@@ -1,22 +1,36 @@
 """A call's hold on its ledger entry: what a claim that may not run answers, the lease kept alive
-while the call is in flight, and its hand-over to the next attempt when a retry of a call that
-certainly did not run starts."""
+while the call is in flight, its hand-over to the next attempt when a retry of a call that
+certainly did not run starts, and the recording of its outcome (retried in the background when
+the ledger cannot take it at once, so the caller's answer never waits for it)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Literal
 
-from ledger import ClaimRequest, ClaimResult, LedgerError, LedgerStore
+from ledger import ClaimRequest, ClaimResult, EntryView, LedgerError, LedgerStore
 from policies import answers
 from policies.answers import Answer
 
-__all__ = ["AttemptNotClaimed", "Lease", "claim_refusal", "keep_lease", "next_attempt"]
+__all__ = [
+    "FINISH_WAIT_S",
+    "AttemptNotClaimed",
+    "Lease",
+    "claim_refusal",
+    "keep_lease",
+    "next_attempt",
+    "record_finish",
+]
 
 log = logging.getLogger("interlock.leases")
+FINISH_WAIT_S = 1.0
+"""How long a caller's answer may wait for its outcome to be recorded; a finish still not
+written by then goes on in the background (see `record_finish`)."""
 
 
 def claim_refusal(claim: ClaimResult, idempotency_key: str | None) -> Answer | None:
@@ -38,6 +52,11 @@ class Lease:
 
     entry_id: str
     token: int
+    valid_until: float = math.inf
+    """Event-loop time by which the lease surely still holds (set by `keep_lease`, moved by
+    each renewal): a background finish is retried until then."""
+    handing_over: bool = False
+    """True while `next_attempt` moves the lease to the next attempt's token."""
 
 
 class AttemptNotClaimed(Exception):
@@ -58,6 +77,8 @@ async def next_attempt(store: LedgerStore, lease: Lease, request: ClaimRequest) 
     Raises:
         AttemptNotClaimed: another send took the key in between, or the ledger refused.
     """
+    lease.handing_over = True
+    started = asyncio.get_running_loop().time()
     try:
         await store.release_unsent(
             lease.entry_id, lease.token, reason="not executed; retrying", retry_after_s=None
@@ -65,31 +86,46 @@ async def next_attempt(store: LedgerStore, lease: Lease, request: ClaimRequest) 
         claim = await store.claim(request)
     except LedgerError as exc:
         raise AttemptNotClaimed(error=exc) from exc
+    finally:
+        lease.handing_over = False
     if claim.kind != "new" or claim.entry.id != lease.entry_id:
         raise AttemptNotClaimed(claim)
     lease.token = claim.entry.fencing_token
+    lease.valid_until = started + store.settings.lease_s
     return claim
 
 
 async def _renew_forever(store: LedgerStore, lease: Lease, every_s: float) -> None:
+    loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(every_s)
         token = lease.token
+        started = loop.time()
         try:
-            if not await store.renew(lease.entry_id, token) and lease.token == token:
-                log.warning(
-                    "entry %s: lease lost (token %d is no longer current)", lease.entry_id, token
-                )
-                return
+            renewed = await store.renew(lease.entry_id, token)
         except LedgerError as exc:
             # The sweeper will mark the entry unknown if the lease really runs out: safe side.
             log.error("entry %s: lease renewal failed: %s", lease.entry_id, exc)
+            continue
+        if renewed:
+            if lease.token == token:
+                lease.valid_until = started + store.settings.lease_s
+            continue
+        # Refused: the token moved on. A hand-over to the next attempt (in flight, or done
+        # meanwhile) gives the lease a new token to renew; otherwise the lease is really lost.
+        if lease.token == token and not lease.handing_over:
+            log.warning(
+                "entry %s: lease lost (token %d is no longer current)", lease.entry_id, token
+            )
+            return
 
 
 @contextlib.asynccontextmanager
 async def keep_lease(store: LedgerStore, lease: Lease, lease_s: float) -> AsyncIterator[None]:
     """Renew the lease (whatever its current token) every third of its length until the block
     ends."""
+    # The claim committed just before: its lease surely holds for `lease_s` from a moment ago.
+    lease.valid_until = min(lease.valid_until, asyncio.get_running_loop().time() + lease_s)
     task = asyncio.create_task(
         _renew_forever(store, lease, max(lease_s / 3.0, 0.05)), name=f"lease-{lease.entry_id}"
     )
@@ -99,3 +135,36 @@ async def keep_lease(store: LedgerStore, lease: Lease, lease_s: float) -> AsyncI
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def record_finish(
+    store: LedgerStore,
+    lease: Lease,
+    *,
+    state: Literal["succeeded", "failed"],
+    outcome: bytes | None,
+    error: str | None = None,
+) -> EntryView | None:
+    """Record the call's confirmed outcome without holding up its answer: the finish runs in the
+    background (`LedgerStore.finish_in_background`, retried while the ledger cannot be written,
+    until the lease would lapse); this waits for it at most `FINISH_WAIT_S`.
+
+    Returns the finished entry, or None when the finish is still being retried.
+
+    Raises:
+        StaleToken, IllegalTransition, EntryNotFound: the ledger refused it (as `finish`).
+        LedgerUnavailable: it could not be written before the lease lapsed.
+    """
+    task = store.finish_in_background(
+        lease.entry_id,
+        lease.token,
+        state=state,
+        outcome=outcome,
+        error=error,
+        until=lease.valid_until,
+    )
+    done, _ = await asyncio.wait({task}, timeout=FINISH_WAIT_S)
+    if not done:
+        log.warning("entry %s: answered before its outcome was recorded", lease.entry_id)
+        return None
+    return task.result()

@@ -33,7 +33,14 @@ def test_check_config_prints_the_effective_policy():
     assert "upstream:mail" in out
     assert "cost_class:browser" in out
     assert out.index("mail/send_*") < out.index("*/search*")
-    assert "fields: to, subject" in out
+    assert "fields: to, subject, window 600 s" in out
+    assert "dedup window 300 s" in out
+    openai_row = next(line for line in out.splitlines() if "api.openai.com" in line)
+    assert "openai" in openai_row
+    assert "429, 503, 529" in openai_row  # the statuses that release a side effect
+    mail_row = next(line for line in out.splitlines() if "127.0.0.1:9001" in line)
+    assert "generic" not in mail_row
+    assert "429" in mail_row
     assert "sk-test" not in out  # header values are secrets: only their names are shown
     assert out.rstrip().endswith(f"{EXAMPLE}: OK")
 

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import pytest
 
 from ledger import LedgerStore
+from ledger.migrate import HEAD_REVISION
 from policies.model import LedgerSettings
 from proxy.ops import ledger_cli
 from tests import ledger_fixtures
@@ -70,8 +71,9 @@ def test_migrate_creates_then_reports_current(
 ) -> None:
     """`migrate` builds an empty database's schema, and says so; the second run changes nothing."""
     status, out, _ = cli(capsys, "migrate", "--ledger-url", ledger_url)
-    assert (status, out.strip()) == (0, "ledger schema migrated: (empty) → 0001")
-    assert cli_json(capsys, "migrate", "--ledger-url", ledger_url) == {"from": "0001", "to": "0001"}
+    assert (status, out.strip()) == (0, f"ledger schema migrated: (empty) → {HEAD_REVISION}")
+    current = {"from": HEAD_REVISION, "to": HEAD_REVISION}
+    assert cli_json(capsys, "migrate", "--ledger-url", ledger_url) == current
 
 
 def test_list_show_and_filters(capsys: pytest.CaptureFixture[str], ledger_url: str) -> None:

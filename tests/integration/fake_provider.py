@@ -17,9 +17,11 @@ Behaviours (`Behaviour` values, or the shorthand strings of `behaviour()`):
 
 Routes: `POST /v1/chat/completions` (OpenAI), `POST /v1/messages` (Anthropic), `POST /v1/actions`
 (a side-effecting JSON endpoint counting executions per `Idempotency-Key` in
-`provider.executions`), `GET /v1/models`, `PUT /v1/blobs/{name}` (echoes the upload's size and
-sha256; sets `provider.blob_started` at its first bytes), `GET /v1/redirect` (302 to another
-host), and anything else → 404.
+`provider.executions`; `POST /v1/threads/{id}/messages` and `POST /send-mail` are the same
+endpoint under names that look like inference or like a rule's glob), `POST /v1/transfers` (a
+gateway whose backend acts, counted like an action, and then answers 503), `GET /v1/models`,
+`PUT /v1/blobs/{name}` (echoes the upload's size and sha256; sets `provider.blob_started` at its
+first bytes), `GET /v1/redirect` (302 to another host), and anything else → 404.
 
 Streams honour `provider.first_chunk_seen`: when `provider.gate_streams` is true, a stream sends
 its first chunk, then waits (bounded) until the test sets that event before sending the rest, so a
@@ -321,6 +323,13 @@ class _Handlers:
             headers={"X-Fake-Action": "done"},
         )
 
+    async def gateway(self, request: web.Request) -> web.StreamResponse:
+        """A gateway in front of a backend that acted, then answered 503 (not proof of nothing)."""
+        await self.record(request)
+        self.p.executions[request.headers.get("Idempotency-Key", "")] += 1
+        body = _error_body("overloaded_error", "backend timed out after accepting the transfer")
+        return web.json_response(body, status=503, headers={"Retry-After": "1"})
+
     async def blobs(self, request: web.Request) -> web.StreamResponse:
         """Echo an upload's size and digest; tells the test when the first bytes arrived."""
         first = await request.content.readany()
@@ -393,6 +402,9 @@ def make_app(provider: FakeProvider) -> web.Application:
     app.router.add_post("/v1/chat/completions", handlers.chat)
     app.router.add_post("/v1/messages", handlers.messages)
     app.router.add_post("/v1/actions", handlers.actions)
+    app.router.add_post("/v1/threads/{thread}/messages", handlers.actions)
+    app.router.add_post("/send-mail", handlers.actions)
+    app.router.add_post("/v1/transfers", handlers.gateway)
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_put("/v1/blobs/{name}", handlers.blobs)
     app.router.add_get("/v1/redirect", handlers.redirect)

@@ -11,7 +11,11 @@ One `MCPServer` (`build_server()`) with the tools the proxy's tests need:
 - `count()` - the counters as a tool result (the same data as `GET /stats`);
 - `hold(seconds, tag)` - sleeps while measuring the server's concurrency (max in `/stats`) and
   records `started` / `cancelled` / `finished` tags (the cancellation tests read them);
-- `die()` - the server process exits mid-call (an upstream that crashes after receiving a call).
+- `die()` - the server process exits mid-call (an upstream that crashes after receiving a call);
+- `charge(amount)` / `refund(amount)` - two side-effecting tools (no annotations) taking the same
+  arguments, each counted in `calls`;
+- `get_current_time()` - no arguments, no annotations; answers with how often it ran;
+- `set_flag(value)` - `idempotentHint: true` (repeating it is harmless), counted in `calls`.
 
 HTTP mode adds plain routes: `GET /healthz`, `GET /stats` (the counters, plus `mcp_requests`: how
 many HTTP requests reached `/mcp`, `http_methods`: those by HTTP method, and `last_headers`: the
@@ -19,7 +23,9 @@ headers of the latest one),
 `POST /reset`, and `POST /control`
 with `{"reject_next": N, "status": 429, "retry_after": "2", "methods": ["tools/call"]}` which makes
 an ASGI wrapper in front of the SDK app answer the next N matching POSTs with that status and
-`Retry-After` before the SDK sees them (the upstream-pressure mode).
+`Retry-After` before the SDK sees them (the upstream-pressure mode); with `"fail_after": N`
+instead, the next N matching POSTs reach the SDK (the tool runs) and are then answered with that
+status, its own answer thrown away (a gateway whose backend acted and then reported 503).
 
 Start one for a test with `running_upstream()`:
 
@@ -171,6 +177,30 @@ def build_server(state: _State | None = None, name: str = "interlock-test-upstre
         return f"held {seconds} s"
 
     @server.tool()
+    async def charge(amount: int) -> str:
+        """Charge the card (side-effecting)."""
+        st.calls["charge"] += 1
+        return f"CHARGED {amount}"
+
+    @server.tool()
+    async def refund(amount: int) -> str:
+        """Refund the card (side-effecting)."""
+        st.calls["refund"] += 1
+        return f"REFUNDED {amount}"
+
+    @server.tool()
+    async def get_current_time() -> str:
+        """The time, as a counter of how often it was asked (no annotations)."""
+        st.calls["get_current_time"] += 1
+        return f"tick {st.calls['get_current_time']}"
+
+    @server.tool(annotations=ToolAnnotations(idempotent_hint=True))
+    async def set_flag(value: str) -> str:
+        """Set a flag (idempotent: setting it twice is setting it once)."""
+        st.calls["set_flag"] += 1
+        return f"flag = {value}"
+
+    @server.tool()
     async def die() -> str:
         """Exit the whole server process in the middle of the call."""
         sys.stdout.flush()
@@ -189,6 +219,7 @@ class _Pressure:
     retry_after: str | None = "1"
     methods: tuple[str, ...] = ("tools/call",)
     rejected: int = 0
+    fail_after: int = 0
     mcp_requests: int = 0  # every HTTP request that reached /mcp (the "nothing forwarded" checks)
     last_headers: dict[str, str] = field(default_factory=dict)  # of the latest /mcp request
     http_methods: Counter[str] = field(default_factory=Counter)  # /mcp requests by HTTP method
@@ -236,6 +267,15 @@ class _PressureWrapper:
             self.pressure.mcp_requests += 1
             self.pressure.http_methods[method] += 1
             self.pressure.last_headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        if method == "POST" and self.pressure.fail_after > 0:
+            body = await _read_body(receive)
+            if _method_of(body) in self.pressure.methods:
+                self.pressure.fail_after -= 1
+                self.pressure.rejected += 1
+                await self.app(scope, _replay(body), _discard)
+                await _send_json(send, self.pressure.status, {"error": "bad gateway state"})
+                return
+            receive = _replay(body)
         if method == "POST" and self.pressure.reject_next > 0:
             body = await _read_body(receive)
             if _method_of(body) in self.pressure.methods:
@@ -251,6 +291,7 @@ class _PressureWrapper:
 
     def _configure(self, values: dict[str, Any]) -> None:
         self.pressure.reject_next = int(values.get("reject_next", 0))
+        self.pressure.fail_after = int(values.get("fail_after", 0))
         self.pressure.status = int(values.get("status", 429))
         self.pressure.retry_after = values.get("retry_after", "1")
         self.pressure.methods = tuple(values.get("methods", ["tools/call"]))
@@ -271,6 +312,11 @@ async def _read_body(receive: Any) -> bytes:
         chunks.append(event.get("body", b""))
         if not event.get("more_body"):
             return b"".join(chunks)
+
+
+async def _discard(message: Any) -> None:
+    """An ASGI `send` that throws the app's answer away."""
+    del message
 
 
 def _replay(body: bytes) -> Any:

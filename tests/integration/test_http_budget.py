@@ -27,7 +27,8 @@ async def proxy(provider: FakeProvider, tmp_path: Path) -> AsyncIterator[Running
         ledger: {{url: "sqlite:///ledger.db"}}
         budgets: {{tokens: 30, window_s: 60}}
         upstreams:
-          fake: {{http: "{provider.url}"}}
+          fake: {{http: "{provider.url}", kind: openai}}
+          claude: {{http: "{provider.url}", kind: anthropic}}
         """
     async with running_proxy(text, tmp_path) as running:
         yield running
@@ -74,7 +75,7 @@ async def test_stream_usage_is_counted_from_the_final_chunk(
             pass
     assert proxy.app[TOKEN_BUDGET].used("acme") == 14
     async with anthropic.AsyncAnthropic(
-        base_url=f"{proxy.base}/http/fake",
+        base_url=f"{proxy.base}/http/claude",
         api_key="k",
         max_retries=0,
         default_headers={"X-Interlock-Tenant": "initech"},

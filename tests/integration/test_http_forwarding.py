@@ -37,11 +37,18 @@ def config(provider: FakeProvider, extra: str = "", upstream_extra: str = "") ->
         upstreams:
           fake:
             http: "{provider.url}"
+            kind: openai
             headers: {{Authorization: "Bearer {SECRET}", x-api-key: "{SECRET}"}}
             retry: {{max_attempts: 1}}
             {upstream_extra}
+          claude:
+            http: "{provider.url}"
+            kind: anthropic
+            headers: {{x-api-key: "{SECRET}"}}
+            retry: {{max_attempts: 1}}
           other:
             http: "{provider.url}/v1"
+            kind: openai
           dead:
             http: "http://127.0.0.1:{closed_port()}"
         {extra}
@@ -65,7 +72,7 @@ def openai_client(proxy: RunningProxy, upstream: str = "fake") -> openai.AsyncOp
 
 def anthropic_client(proxy: RunningProxy) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(
-        base_url=f"{proxy.base}/http/fake", api_key="dummy", max_retries=0
+        base_url=f"{proxy.base}/http/claude", api_key="dummy", max_retries=0
     )
 
 
@@ -200,7 +207,7 @@ async def test_stalled_upstream_times_out(proxy: RunningProxy, provider: FakePro
         ("GET", "/http/fake/v1/a%2F..%2Fb", b"", {}, 400, "unsafe_path"),
         ("GET", "/http/fake//evil.example/x", b"", {}, 400, "unsafe_path"),
         ("GET", "/http/fake/http://evil.example/x", b"", {}, 400, "unsafe_path"),
-        ("GET", "/http/fake/v1/models", b"", {"X-Interlock-Class": "vip"}, 400, "bad_attribute"),
+        ("GET", "/http/fake/v1/models", b"", {"X-Interlock-Class": "vip"}, 400, "bad_class"),
     ],
 )
 async def test_bad_input_gets_a_specific_error_and_nothing_is_sent(

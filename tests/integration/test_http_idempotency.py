@@ -6,7 +6,6 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import openai
@@ -15,24 +14,11 @@ import pytest
 from tests import ledger_fixtures
 from tests.integration import fake_provider
 from tests.integration.fake_provider import FakeProvider, wait_until
+from tests.integration.http_calls import post, settled
 from tests.integration.proxy_harness import RunningProxy, running_proxy
 
 ledger_backend = ledger_fixtures.ledger_backend
 ledger_url = ledger_fixtures.ledger_url
-
-BOUNDED_S = 10.0
-
-
-async def settled(proxy: RunningProxy, key: str, state: str) -> Any:
-    """The entry once it reaches `state`: the outcome is recorded right after the last byte is
-    relayed, so a test reading the ledger the moment its response ends may be a little early."""
-    deadline = asyncio.get_running_loop().time() + BOUNDED_S
-    while True:
-        entry, _ = await proxy.store.get(key)
-        if entry.state == state or asyncio.get_running_loop().time() > deadline:
-            return entry
-        await asyncio.sleep(0.01)
-
 
 ACTIONS = "/http/fake/v1/actions"
 
@@ -44,6 +30,7 @@ def config(provider: FakeProvider, ledger: str, extra: str = "") -> str:
         upstreams:
           fake:
             http: "{provider.url}"
+            kind: openai
             retry: {{max_attempts: 3, base_delay_s: 0.01}}
         {extra}
         """
@@ -56,24 +43,6 @@ provider = fake_provider.provider
 async def proxy(provider: FakeProvider, tmp_path: Path) -> AsyncIterator[RunningProxy]:
     async with running_proxy(config(provider, "sqlite:///ledger.db"), tmp_path) as running:
         yield running
-
-
-async def post(
-    proxy: RunningProxy,
-    body: Any,
-    key: str | None = None,
-    path: str = ACTIONS,
-    headers: dict[str, str] | None = None,
-) -> tuple[int, dict[str, str], bytes]:
-    all_headers = {"Idempotency-Key": key} if key else {}
-    all_headers.update(headers or {})
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(f"{proxy.base}{path}", json=body, headers=all_headers) as response,
-    ):
-        async with asyncio.timeout(BOUNDED_S):
-            content = await response.read()
-        return response.status, dict(response.headers), content
 
 
 async def test_duplicate_delivery_executes_once(
@@ -110,6 +79,20 @@ async def test_same_key_other_payload_is_422(proxy: RunningProxy, provider: Fake
     assert (await post(proxy, {"n": 1}, "k-422"))[0] == 201
     status, _, body = await post(proxy, {"n": 2}, "k-422")
     assert status == 422
+    assert json.loads(body)["error"]["reason"] == "idempotency_key_mismatch"
+    assert provider.count() == 1
+
+
+async def test_same_key_on_another_path_is_422_not_a_replay(
+    proxy: RunningProxy, provider: FakeProvider
+) -> None:
+    """The key and body of an earlier call sent to another path are another operation: 422
+    idempotency_key_mismatch, nothing forwarded, never the first call's answer."""
+    assert (await post(proxy, {"amount": 500}, "k-op"))[0] == 201
+    path = "/http/fake/v1/threads/t1/messages"
+    status, headers, body = await post(proxy, {"amount": 500}, "k-op", path=path)
+    assert status == 422
+    assert "Idempotent-Replayed" not in headers
     assert json.loads(body)["error"]["reason"] == "idempotency_key_mismatch"
     assert provider.count() == 1
 
@@ -227,16 +210,38 @@ async def test_upstream_4xx_is_recorded_failed_and_replayed(
     assert provider.count() == 1
 
 
-async def test_large_outcome_replays_as_not_retained(
+async def test_large_outcome_is_not_replayed_as_a_success(
     proxy: RunningProxy, provider: FakeProvider
 ) -> None:
-    """An answer over max_outcome_bytes is kept as a hash; its replay says so."""
+    """An answer over max_outcome_bytes is kept as a hash: a repeat gets 409
+    outcome_not_retained with the entry's state and id, never a 2xx it could take for the answer."""
     big = {"blob": "x" * 5000}
     assert (await post(proxy, big, "k-big"))[0] == 201
     status, headers, body = await post(proxy, big, "k-big")
-    assert status == 200
-    assert headers["Idempotent-Replayed"] == "true"
-    assert json.loads(body)["outcome_retained"] is False
+    error = json.loads(body)["error"]
+    entry = await settled(proxy, "k-big", "succeeded")
+    assert status == 409
+    assert "Idempotent-Replayed" not in headers
+    assert (error["reason"], error["state"], error["entry_id"]) == (
+        "outcome_not_retained",
+        "succeeded",
+        entry.id,
+    )
+    assert provider.count() == 1
+
+
+async def test_an_entry_resolved_failed_by_an_operator_is_not_replayed_as_a_success(
+    proxy: RunningProxy, provider: FakeProvider
+) -> None:
+    """An unknown entry an operator resolved `failed` has no stored answer: a resend gets 409
+    outcome_not_retained with state failed, not a 200 marked as a replay."""
+    provider.script("die")
+    assert (await post(proxy, {"n": 1}, "k-resolved"))[0] == 504
+    await proxy.store.resolve("k-resolved", as_="failed", note="bank says no", actor="sre")
+    status, headers, body = await post(proxy, {"n": 1}, "k-resolved")
+    error = json.loads(body)["error"]
+    assert (status, error["reason"], error["state"]) == (409, "outcome_not_retained", "failed")
+    assert "Idempotent-Replayed" not in headers
     assert provider.count() == 1
 
 

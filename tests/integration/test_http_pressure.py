@@ -31,6 +31,7 @@ def config(provider: FakeProvider, upstream_extra: str = "") -> str:
         upstreams:
           fake:
             http: "{provider.url}"
+            kind: openai
             retry: {{max_attempts: 3, base_delay_s: 0.01}}
             {upstream_extra}
         """

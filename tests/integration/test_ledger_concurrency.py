@@ -121,6 +121,96 @@ async def test_two_processes_racing_one_key(ledger_store: LedgerStore, ledger_ur
     }
 
 
+async def _race_children(url: str, prefixes: list[str], n: int) -> list[list[list[Any]]]:
+    """Two processes claim the same `n` keys at the same moment, once per prefix (a round each);
+    every claim they report, per round."""
+    children = [await _spawn("race_keys", url, str(n)) for _ in range(2)]
+    rounds = []
+    try:
+        for child in children:
+            assert (await _read_json(child)) == {"ready": True}
+        for prefix in [*prefixes, ""]:
+            for child in children:
+                assert child.stdin is not None
+                child.stdin.write(f"{prefix}\n".encode())
+                await child.stdin.drain()
+            if prefix:
+                reports = [await _read_json(child) for child in children]
+                rounds.append([claim for report in reports for claim in report["claims"]])
+        for child in children:
+            assert await asyncio.wait_for(child.wait(), _DEADLINE_S) == 0
+    finally:
+        for child in children:
+            if child.returncode is None:
+                child.kill()
+                await child.wait()
+    return rounds
+
+
+def _one_new_per_key(claims: list[list[Any]], n: int, prefix: str, attempt: int) -> None:
+    new = sorted((key, at) for key, kind, at in claims if kind == "new")
+    assert len(new) == n, f"{len(new) - n} key(s) started twice by two processes"
+    assert new == sorted((f"{prefix}-{i}", attempt) for i in range(n))
+    assert {kind for _, kind, _ in claims} <= {"new", "in_progress"}
+
+
+_RACED_KEYS = 100
+_ROUNDS = 4
+
+
+async def test_two_processes_racing_rejected_keys_start_each_once(
+    ledger_store: LedgerStore, ledger_url: str
+) -> None:
+    """Keys whose calls were refused (rejected) are sent again by two processes at the same
+    moment, in four rounds: each key starts its next attempt in exactly one of them
+    (rejected → running)."""
+    prefixes = [f"rej{r}" for r in range(_ROUNDS)]
+    for prefix in prefixes:
+        await asyncio.gather(
+            *(
+                ledger_store.record_rejection(
+                    claim_request(f"{prefix}-{i}"),
+                    reason="overloaded",
+                    scope="global",
+                    retry_after_s=1,
+                )
+                for i in range(_RACED_KEYS)
+            )
+        )
+    rounds = await _race_children(ledger_url, prefixes, _RACED_KEYS)
+    for prefix, claims in zip(prefixes, rounds, strict=True):
+        _one_new_per_key(claims, _RACED_KEYS, prefix, attempt=1)
+    running = await ledger_store.list_entries(state="running", limit=1000)
+    assert len(running) == _RACED_KEYS * _ROUNDS
+
+
+async def test_two_processes_racing_operator_retried_keys_start_each_once(
+    ledger_store: LedgerStore, ledger_url: str
+) -> None:
+    """Keys an operator retried (accepted, waiting for their caller) are sent again by two
+    processes at the same moment, in four rounds: each runs its next attempt in exactly one
+    (accepted → running)."""
+    prefixes = [f"acc{r}" for r in range(_ROUNDS)]
+    for prefix in prefixes:
+        claims = await asyncio.gather(
+            *(ledger_store.claim(claim_request(f"{prefix}-{i}")) for i in range(_RACED_KEYS))
+        )
+        await asyncio.gather(
+            *(
+                ledger_store.mark_unknown(c.entry.id, c.entry.fencing_token, reason="t/o")
+                for c in claims
+            )
+        )
+        await asyncio.gather(
+            *(ledger_store.resolve(c.entry.id, as_="retry", note=None, actor="op") for c in claims)
+        )
+    rounds = await _race_children(ledger_url, prefixes, _RACED_KEYS)
+    for prefix, claims_seen in zip(prefixes, rounds, strict=True):
+        _one_new_per_key(claims_seen, _RACED_KEYS, prefix, attempt=2)
+    running = await ledger_store.list_entries(state="running", limit=1000)
+    assert len(running) == _RACED_KEYS * _ROUNDS
+
+
 async def test_claim_that_loses_the_insert_race_sees_the_winner(
     ledger_store: LedgerStore, ledger_settings: LedgerSettings, ledger_backend: LedgerBackend
 ) -> None:

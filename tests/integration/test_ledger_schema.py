@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from sqlalchemy.engine import make_url
 
 from ledger import EntryState, LedgerStore, LedgerUnavailable, migrate_ledger
 from ledger import db as ledger_db
@@ -108,8 +109,8 @@ def short_busy_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
 async def _database_failure(
     backend: LedgerBackend, settings: LedgerSettings
 ) -> AsyncIterator[None]:
-    """SQLite: another process holds the write lock. PostgreSQL: the server drops every other
-    connection to the database (the store's writer connection included)."""
+    """SQLite: another process holds the write lock. PostgreSQL: the database stops accepting
+    connections and the server drops every connection to it (the store's writer included)."""
     if backend.name == "sqlite":
         blocker = sqlite3.connect(settings.url.removeprefix("sqlite:///"), isolation_level=None)
         try:
@@ -119,18 +120,18 @@ async def _database_failure(
         finally:
             blocker.close()
         return
-    engines = open_engines(settings)
+    name = make_url(settings.url).database
+    server = ledger_fixtures.pg_admin_dsn()
+    await ledger_fixtures.pg_execute(
+        server,
+        f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false',
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        f"WHERE datname = '{name}' AND pid <> pg_backend_pid()",
+    )
     try:
-        async with engines.write.begin() as conn:
-            await conn.execute(
-                sa.text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                )
-            )
+        yield
     finally:
-        await engines.dispose()
-    yield
+        await ledger_fixtures.pg_execute(server, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
 
 
 async def test_database_failure_fails_closed_then_recovers(

@@ -38,6 +38,7 @@ def config(provider: FakeProvider, timeout_s: float = 5) -> str:
         upstreams:
           llm:
             http: "{provider.url}"
+            kind: openai
             timeout_s: {timeout_s}
         """
 

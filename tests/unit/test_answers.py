@@ -54,3 +54,15 @@ def test_http_body_uses_the_openai_style_envelope():
     assert answers.outcome_unknown("k", "e", "timed out").http_status == 504
     assert answers.key_mismatch("k").http_status == 422
     assert answers.ledger_unavailable("disk full").http_status == 503
+
+
+def test_outcome_not_retained_is_a_409_naming_the_state_and_entry():
+    """A finished entry without its outcome answers -32056 / 409 with its state, never a 2xx."""
+    answer = answers.outcome_not_retained("k", "e1", "failed")
+    assert (answer.code, answer.http_status) == (-32056, 409)
+    assert answer.data == {
+        "reason": "outcome_not_retained",
+        "idempotency_key": "k",
+        "state": "failed",
+        "entry_id": "e1",
+    }

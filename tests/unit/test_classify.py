@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from policies.classify import classify_http, classify_tool, is_http_rule
@@ -13,7 +15,11 @@ def _config(*rules: ToolRule, upstream_timeout: float | None = None) -> Config:
         "mail": UpstreamSpec(
             "mail", "mcp_http", url="http://127.0.0.1:9/mcp", timeout_s=upstream_timeout
         ),
-        "openai": UpstreamSpec("openai", "http", url="http://127.0.0.1:9"),
+        "openai": UpstreamSpec("openai", "http", url="http://127.0.0.1:9", provider="openai"),
+        "anthropic": UpstreamSpec(
+            "anthropic", "http", url="http://127.0.0.1:9", provider="anthropic"
+        ),
+        "generic": UpstreamSpec("generic", "http", url="http://127.0.0.1:9"),
     }
     return Config(upstreams=upstreams, tools=rules, defaults=Defaults(timeout_s=30.0))
 
@@ -57,7 +63,7 @@ def test_rule_without_side_effect_defers_the_flag_but_keeps_its_settings() -> No
     ("annotations", "side_effect", "source"),
     [
         ({"readOnlyHint": True}, False, "annotations"),
-        ({"readOnlyHint": False, "idempotentHint": True}, True, "annotations"),
+        ({"readOnlyHint": False, "destructiveHint": True}, True, "annotations"),
         ({"destructiveHint": False}, True, "default"),
         ({"readOnlyHint": "yes"}, True, "default"),
         (None, True, "default"),
@@ -80,6 +86,27 @@ def test_idempotent_hint_is_recorded_but_does_not_make_a_tool_read_only() -> Non
     assert result.side_effect is True
 
 
+def test_idempotent_hint_defaults_the_key_to_none_unless_a_rule_names_one() -> None:
+    """A repeat of an idempotent tool is harmless: its default key is `none` (it runs again);
+    a rule's key recipe still wins."""
+    hint = {"idempotentHint": True}
+    assert classify_tool(_config(), "mail", "set_flag", hint).key == KeyRecipe("none")
+    assert classify_tool(_config(), "mail", "set_flag", {}).key == KeyRecipe("derived")
+    ruled = _config(ToolRule("mail/*", 0, key=KeyRecipe("derived")))
+    assert classify_tool(ruled, "mail", "set_flag", hint).key == KeyRecipe("derived")
+
+
+def test_dedup_window_is_the_rules_else_the_default() -> None:
+    """A rule's `key: {window_s: N}` sets the call's dedup window; otherwise the default's."""
+    config = replace(
+        _config(ToolRule("mail/send", 0, key=KeyRecipe("derived", window_s=5.0))),
+        defaults=Defaults(timeout_s=30.0, dedup_window_s=120.0),
+    )
+    assert classify_tool(config, "mail", "send", None).dedup_window_s == 5.0
+    assert classify_tool(config, "mail", "other", None).dedup_window_s == 120.0
+    assert classify_http(config, "openai", "POST", "/v1/files").dedup_window_s == 120.0
+
+
 def test_timeout_falls_back_from_rule_to_upstream_to_default() -> None:
     """The per-attempt timeout is the rule's, else the upstream's, else the configured default."""
     with_rule = _config(ToolRule("mail/slow", 0, timeout_s=90.0), upstream_timeout=20.0)
@@ -89,27 +116,64 @@ def test_timeout_falls_back_from_rule_to_upstream_to_default() -> None:
 
 
 @pytest.mark.parametrize(
-    ("method", "path", "side_effect", "costly"),
+    ("upstream", "method", "path", "side_effect", "costly"),
     [
-        ("GET", "/v1/models", False, False),
-        ("head", "/v1/models", False, False),
-        ("POST", "/v1/files", True, False),
-        ("DELETE", "/v1/files/abc", True, False),
-        ("POST", "/v1/chat/completions", False, True),
-        ("POST", "/chat/completions", False, True),
-        ("POST", "/v1/completions", False, True),
-        ("POST", "/v1/responses", False, True),
-        ("POST", "/v1/messages", False, True),
-        ("POST", "/v1/embeddings?x=1", False, True),
-        ("POST", "/openai/deployments/gpt/chat/completions", False, True),
-        ("POST", "/v1/messages/batches", True, False),
-        ("GET", "/v1/responses", False, False),
+        ("openai", "GET", "/v1/models", False, False),
+        ("openai", "head", "/v1/models", False, False),
+        ("openai", "POST", "/v1/files", True, False),
+        ("openai", "DELETE", "/v1/files/abc", True, False),
+        ("openai", "POST", "/v1/chat/completions", False, True),
+        ("openai", "POST", "/v1/completions", False, True),
+        ("openai", "POST", "/v1/responses", False, True),
+        ("openai", "POST", "/v1/embeddings?x=1", False, True),
+        ("openai", "GET", "/v1/responses", False, False),
+        ("anthropic", "POST", "/v1/messages", False, True),
+        ("anthropic", "POST", "/v1/messages/count_tokens", False, True),
+        ("anthropic", "POST", "/v1/messages/batches", True, False),
+        ("anthropic", "POST", "/v1/chat/completions", True, False),
     ],
 )
-def test_http_defaults(method: str, path: str, side_effect: bool, costly: bool) -> None:
-    """GET/HEAD read-only; inference costly, not side-effecting; everything else side-effecting."""
-    result = classify_http(_config(), "openai", method, path)
+def test_http_defaults(
+    upstream: str, method: str, path: str, side_effect: bool, costly: bool
+) -> None:
+    """GET/HEAD read-only; a provider's inference endpoints costly, not side-effecting;
+    everything else side-effecting."""
+    result = classify_http(_config(), upstream, method, path)
     assert (result.side_effect, result.costly, result.source) == (side_effect, costly, "default")
+
+
+@pytest.mark.parametrize(
+    ("upstream", "path"),
+    [
+        ("openai", "/v1/threads/t1/messages"),
+        ("openai", "/v1/messages"),
+        ("openai", "/chat/completions"),
+        ("openai", "/v1/chat/completions/"),
+        ("openai", "/openai/deployments/gpt/chat/completions"),
+        ("anthropic", "/v1/responses"),
+        ("generic", "/v1/chat/completions"),
+        ("generic", "/v1/messages"),
+        ("generic", "/v1/threads/t1/messages"),
+    ],
+)
+def test_only_a_providers_exact_inference_paths_escape_the_ledger(upstream: str, path: str) -> None:
+    """A path that only ends like an inference endpoint, or any path of an upstream not declared
+    a model provider, is a side effect (ledgered, never retried after it may have run)."""
+    result = classify_http(_config(), upstream, "POST", path)
+    assert (result.side_effect, result.costly) == (True, False)
+
+
+def test_inference_endpoints_name_their_gen_ai_operation() -> None:
+    """The classification names the GenAI operation of an inference endpoint (none elsewhere)."""
+    config = _config()
+    assert classify_http(config, "openai", "POST", "/v1/chat/completions").gen_ai_operation == (
+        "chat"
+    )
+    assert classify_http(config, "openai", "POST", "/v1/embeddings").gen_ai_operation == (
+        "embeddings"
+    )
+    assert classify_http(config, "anthropic", "POST", "/v1/messages").gen_ai_operation == "chat"
+    assert classify_http(config, "generic", "POST", "/v1/messages").gen_ai_operation is None
 
 
 def test_http_rules_match_method_path_globs_with_optional_upstream_prefix() -> None:

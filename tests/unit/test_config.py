@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from policies.config import ConfigError, load_config, parse_config_text
+from policies.model import KeyRecipe
 
 MINIMAL = """\
 upstreams:
@@ -109,7 +110,73 @@ def test_headers_interpolate_environment_variables():
     assert config.upstreams["api"].headers == {"x-api-key": "secret", "x-static": "plain"}
 
 
+def test_upstream_kind_and_not_executed_statuses_parse():
+    """`kind` declares a model provider (default generic); `not_executed_statuses` is a set."""
+    config = parse(
+        """\
+        upstreams:
+          openai: {http: "https://api.openai.com", kind: openai}
+          gateway: {http: "http://127.0.0.1:9000", not_executed_statuses: [502, 503]}
+        """
+    )
+    assert config.upstreams["openai"].provider == "openai"
+    assert config.upstreams["gateway"].provider == "generic"
+    assert config.upstreams["gateway"].not_executed_statuses == frozenset({502, 503})
+
+
+def test_dedup_windows_parse_from_defaults_and_rules():
+    """`defaults.dedup_window_s` (default 300) and a rule's `key: {…, window_s: N}`."""
+    config = parse(
+        """\
+        upstreams:
+          mail: {mcp: "http://127.0.0.1:9001/mcp"}
+        defaults: {dedup_window_s: 60}
+        tools:
+          - {match: "mail/send_*", key: {fields: [to], window_s: 5}}
+          - {match: "mail/ping", key: {window_s: 0}}
+        """
+    )
+    assert parse(MINIMAL).defaults.dedup_window_s == 300
+    assert config.defaults.dedup_window_s == 60
+    assert config.tools[0].key == KeyRecipe("fields", ("to",), window_s=5)
+    assert config.tools[1].key == KeyRecipe("derived", window_s=0)
+
+
 BAD_FILES = {
+    "negative dedup window": (
+        """\
+        upstreams:
+          mail: {mcp: "http://127.0.0.1:9001/mcp"}
+        tools:
+          - {match: "mail/send", key: {window_s: -1}}
+        """,
+        4,
+        ["tools[0].key.window_s", "-1", "greater than or equal to 0"],
+    ),
+    "model kind on an MCP upstream": (
+        """\
+        upstreams:
+          mail: {mcp: "http://127.0.0.1:9001/mcp", kind: openai}
+        """,
+        2,
+        ["upstreams.mail.kind", "'openai'", "only an http upstream"],
+    ),
+    "unknown upstream kind": (
+        """\
+        upstreams:
+          api: {http: "http://127.0.0.1:9000", kind: azure}
+        """,
+        2,
+        ["upstreams.api.kind", "'azure'", "openai"],
+    ),
+    "not_executed_statuses outside 4xx/5xx": (
+        """\
+        upstreams:
+          api: {http: "http://127.0.0.1:9000", not_executed_statuses: [200]}
+        """,
+        2,
+        ["upstreams.api.not_executed_statuses", "200"],
+    ),
     "unknown key": (
         """\
         upstreams:

@@ -9,7 +9,7 @@ import pytest
 from proxy.http.downstream import sse_error_event
 from proxy.http.headers import request_headers, response_headers
 from proxy.http.outcomes import encode_outcome, replay_response
-from proxy.http.paths import UnsafePath, split_route, upstream_url
+from proxy.http.paths import UnsafePath, split_route, upstream_target
 
 
 @pytest.mark.parametrize(
@@ -61,9 +61,33 @@ def test_split_route_rejects_paths_without_upstream(raw: str) -> None:
     ],
 )
 def test_upstream_url_joins_base_and_path(base: str, tail: str, query: str, expected: str) -> None:
-    """The target is the base URL, then '/', then the caller's path and query, encoding kept."""
-    url = upstream_url(base, tail, query)
-    assert str(url) == expected
+    """The target is the base URL, then '/', then the caller's path and query."""
+    assert str(upstream_target(base, tail, query).url) == expected
+
+
+@pytest.mark.parametrize(
+    ("base", "tail", "sent", "path"),
+    [
+        ("http://127.0.0.1:9000", "s%65nd-mail", "/send-mail", "/send-mail"),
+        ("http://127.0.0.1:9000/v1", "chat/completion%73", "/v1/chat/completions", None),
+        ("http://127.0.0.1:9000", "files/a%20b.txt", "/files/a%20b.txt", "/files/a b.txt"),
+        ("http://127.0.0.1:9000", "x%3Fy=1", "/x%3Fy=1", "/x?y=1"),
+        ("http://127.0.0.1:9000", "caf%C3%A9", "/caf%C3%A9", "/café"),
+        ("http://127.0.0.1:9000", "café", "/caf%C3%A9", "/café"),
+        ("http://127.0.0.1:9000", "x/a:b@c;d=e", "/x/a:b@c;d=e", "/x/a:b@c;d=e"),
+        ("http://127.0.0.1:9000/api%20v2/", "x", "/api%20v2/x", "/api v2/x"),
+        ("http://127.0.0.1:9000", "", "/", "/"),
+    ],
+)
+def test_the_upstream_is_sent_the_path_that_was_classified(
+    base: str, tail: str, sent: str, path: str | None
+) -> None:
+    """The path is decoded once and re-encoded canonically: the upstream decodes what was sent
+    into exactly the path rules and classification were given."""
+    target = upstream_target(base, tail)
+    assert target.url.raw_path == sent
+    assert target.path == (sent if path is None else path)
+    assert target.url.path == target.path
 
 
 @pytest.mark.parametrize(
@@ -87,18 +111,25 @@ def test_upstream_url_joins_base_and_path(base: str, tail: str, query: str, expe
         "a:b/c",
         "v1/a%00b",
         "v1/a%0d%0aX-Injected:%201",
+        "s%2565nd-mail",
+        "v1/%252f",
+        "v1/a%zzb",
+        "v1/a%2",
+        "v1/%ff",
+        "v1/%C3",
     ],
 )
 def test_upstream_url_rejects_escapes(tail: str) -> None:
-    """Dot segments, encoded slashes, absolute URLs, '//' and control characters are refused."""
+    """Dot segments, encoded slashes, absolute URLs, '//', control characters, double encoding,
+    broken escapes and non-UTF-8 bytes are refused."""
     with pytest.raises(UnsafePath):
-        upstream_url("http://127.0.0.1:9000/v1", tail)
+        upstream_target("http://127.0.0.1:9000/v1", tail)
 
 
 def test_upstream_url_never_changes_host() -> None:
     """Whatever the tail, an accepted target has the base URL's scheme, host and port."""
     for tail in ["a@evil.example/x", "v1/a:b", "%40evil", "x%3Fy=1"]:
-        url = upstream_url("http://127.0.0.1:9000/v1", tail)
+        url = upstream_target("http://127.0.0.1:9000/v1", tail).url
         assert (url.scheme, url.host, url.port) == ("http", "127.0.0.1", 9000)
         assert url.raw_path.startswith("/v1/")
 
@@ -195,7 +226,7 @@ def test_outcome_round_trip_is_byte_identical() -> None:
         body,
     )
     assert b"secret" not in stored
-    response = replay_response(stored, state="succeeded", entry_id="e1", idempotency_key="k")
+    response = replay_response(stored)
     assert response.status == 201
     assert response.body == body
     assert response.headers["Idempotent-Replayed"] == "true"
@@ -203,14 +234,3 @@ def test_outcome_round_trip_is_byte_identical() -> None:
     assert response.headers["Content-Type"] == "application/json"
     for dropped in ("Date", "Set-Cookie", "x-ratelimit-remaining-requests", "Transfer-Encoding"):
         assert dropped not in response.headers
-
-
-def test_replay_of_an_outcome_not_retained() -> None:
-    """An outcome kept only as a hash replays as 'completed, outcome not retained'."""
-    response = replay_response(None, state="succeeded", entry_id="e1", idempotency_key="k")
-    assert response.status == 200
-    assert response.headers["Idempotent-Replayed"] == "true"
-    assert response.body is not None
-    data = json.loads(response.body)  # type: ignore[arg-type]
-    assert data["outcome_retained"] is False
-    assert data["entry_id"] == "e1"

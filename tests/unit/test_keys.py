@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 from policies.keys import canonical_json, decide_key, fingerprint, pick_field
 from policies.model import KeyRecipe
 
-CONTEXT: dict[str, Any] = {"tenant": "acme", "upstream": "mail", "tool": "send", "run_id": "r1"}
+CONTEXT: dict[str, Any] = {
+    "tenant": "acme",
+    "upstream": "mail",
+    "operation": "send",
+    "run_id": "r1",
+}
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
 json_floats = st.floats(allow_nan=False, allow_infinity=False)
@@ -82,12 +87,30 @@ def test_canonical_json_refuses_non_json() -> None:
         canonical_json({"x": b"bytes"})
 
 
-def test_fingerprint_is_sha256_of_canonical_arguments_and_none_is_empty() -> None:
-    """The fingerprint is the hex sha256 of canonical JSON, and missing arguments equal `{}`."""
+def test_fingerprint_is_sha256_of_the_canonical_operation_and_arguments() -> None:
+    """The fingerprint is the hex sha256 of canonical JSON of the operation and the arguments."""
     import hashlib
 
-    assert fingerprint({"b": 2, "a": 1}) == hashlib.sha256(b'{"a":1,"b":2}').hexdigest()
-    assert fingerprint(None) == fingerprint({})
+    expected = hashlib.sha256(b'{"arguments":{"a":1,"b":2},"operation":"charge"}').hexdigest()
+    assert fingerprint("charge", {"b": 2, "a": 1}) == expected
+
+
+def test_fingerprint_tells_operations_apart() -> None:
+    """The same arguments under another tool or HTTP path are another call (a key mismatch)."""
+    assert fingerprint("charge", {"amount": 500}) != fingerprint("refund", {"amount": 500})
+    assert fingerprint("POST /v1/charges", {"n": 1}) != fingerprint("POST /v1/refunds", {"n": 1})
+    charge = decide_key(KeyRecipe("derived"), explicit="k", arguments={"a": 1}, **CONTEXT)
+    refund = decide_key(
+        KeyRecipe("derived"), explicit="k", arguments={"a": 1}, **{**CONTEXT, "operation": "x"}
+    )
+    assert charge.key == refund.key
+    assert charge.fingerprint != refund.fingerprint
+
+
+def test_absent_arguments_differ_from_empty_ones() -> None:
+    """`arguments` left out is not the same call as `arguments: {}` (fingerprint and key)."""
+    assert fingerprint("tick", None) != fingerprint("tick", {})
+    assert _key(KeyRecipe("derived"), None) != _key(KeyRecipe("derived"), {})
 
 
 def test_explicit_key_wins_over_every_recipe() -> None:
@@ -95,7 +118,16 @@ def test_explicit_key_wins_over_every_recipe() -> None:
     for recipe in (KeyRecipe("derived"), KeyRecipe("fields", ("a",)), KeyRecipe("none")):
         decision = decide_key(recipe, explicit="order-7", arguments={"a": 1}, **CONTEXT)
         assert (decision.key, decision.source) == ("order-7", "explicit")
-        assert decision.fingerprint == fingerprint({"a": 1})
+        assert decision.fingerprint == fingerprint("send", {"a": 1})
+
+
+def test_derived_keys_carry_their_window_and_explicit_keys_none() -> None:
+    """A derived (or fields) key dedupes for the given window; an explicit key for retention."""
+    for recipe in (KeyRecipe("derived"), KeyRecipe("fields", ("a",))):
+        derived = decide_key(recipe, explicit=None, arguments={"a": 1}, window_s=60.0, **CONTEXT)
+        assert (derived.source, derived.dedup_window_s) == ("derived", 60.0)
+        explicit = decide_key(recipe, explicit="k", arguments={"a": 1}, window_s=60.0, **CONTEXT)
+        assert (explicit.source, explicit.dedup_window_s) == ("explicit", None)
 
 
 def test_blank_explicit_key_counts_as_absent() -> None:
@@ -110,11 +142,11 @@ def test_none_and_explicit_recipes_without_caller_key_give_no_key() -> None:
     for recipe in (KeyRecipe("none"), KeyRecipe("explicit")):
         decision = decide_key(recipe, explicit=None, arguments={"a": 1}, **CONTEXT)
         assert (decision.key, decision.source) == (None, "none")
-        assert decision.fingerprint == fingerprint({"a": 1})
+        assert decision.fingerprint == fingerprint("send", {"a": 1})
 
 
 def test_derived_key_depends_on_every_part_of_its_context() -> None:
-    """Tenant, upstream, tool, run id and arguments each change the derived key."""
+    """Tenant, upstream, operation, run id and arguments each change the derived key."""
     recipe = KeyRecipe("derived")
     base = _key(recipe, {"a": 1})
     assert base is not None
@@ -124,7 +156,7 @@ def test_derived_key_depends_on_every_part_of_its_context() -> None:
         _key(recipe, {"a": 2}),
         _key(recipe, {"a": 1}, tenant="other"),
         _key(recipe, {"a": 1}, upstream="other"),
-        _key(recipe, {"a": 1}, tool="other"),
+        _key(recipe, {"a": 1}, operation="other"),
         _key(recipe, {"a": 1}, run_id=None),
         _key(recipe, {"a": 1}, run_id="r2"),
     ]
@@ -143,7 +175,7 @@ def test_fields_recipe_uses_only_named_fields_and_dotted_paths() -> None:
     )
     assert _key(recipe, first) != _key(KeyRecipe("derived"), first)
     fields_decision = decide_key(recipe, explicit=None, arguments=first, **CONTEXT)
-    assert fields_decision.fingerprint != fingerprint(reworded)
+    assert fields_decision.fingerprint != fingerprint("send", reworded)
 
 
 def test_pick_field_walks_objects_and_lists() -> None:
@@ -168,7 +200,7 @@ def test_key_ignores_key_order_and_unicode_form(value: Any, data: st.DataObject)
         return
     variant = _reorder_and_decompose({"v": value}, shuffled)
     assert _key(KeyRecipe("derived"), variant) == expected
-    assert fingerprint(variant) == fingerprint({"v": value})
+    assert fingerprint("send", variant) == fingerprint("send", {"v": value})
 
 
 unnamed_fields = st.dictionaries(st.text("abcxyz", min_size=1, max_size=4), json_values, max_size=4)

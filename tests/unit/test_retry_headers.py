@@ -7,12 +7,13 @@ from datetime import UTC, datetime
 import pytest
 from multidict import CIMultiDict
 
-from policies.model import RetrySettings
+from policies.model import RetrySettings, UpstreamSpec
 from policies.retry import (
     AttemptFailure,
     backoff_s,
     certainly_not_executed,
     may_retry,
+    not_executed_statuses,
     parse_duration_s,
     server_delay_s,
     should_retry_header,
@@ -108,8 +109,8 @@ def test_x_should_retry() -> None:
     [
         (AttemptFailure("not_sent"), True),
         (AttemptFailure("answered", 429), True),
-        (AttemptFailure("answered", 503), True),
-        (AttemptFailure("answered", 529), True),
+        (AttemptFailure("answered", 503), False),
+        (AttemptFailure("answered", 529), False),
         (AttemptFailure("answered", 500), False),
         (AttemptFailure("answered", 502), False),
         (AttemptFailure("timeout"), False),
@@ -117,8 +118,39 @@ def test_x_should_retry() -> None:
     ],
 )
 def test_certainly_not_executed(failure: AttemptFailure, expected: bool) -> None:
-    """Only nothing-sent and 429/503/529 answers count as certainly not executed."""
+    """By default only nothing-sent and a 429 count as certainly not executed."""
     assert certainly_not_executed(failure) is expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (UpstreamSpec("gw", "http", url="http://127.0.0.1:9"), {429}),
+        (UpstreamSpec("ai", "http", url="http://127.0.0.1:9", provider="openai"), {429, 503, 529}),
+        (
+            UpstreamSpec("c", "http", url="http://127.0.0.1:9", provider="anthropic"),
+            {429, 503, 529},
+        ),
+        (
+            UpstreamSpec("gw", "http", url="http://127.0.0.1:9", not_executed_statuses={502}),
+            {429, 502},
+        ),
+        (UpstreamSpec("mail", "mcp_http", url="http://127.0.0.1:9/mcp"), {429}),
+    ],
+)
+def test_not_executed_statuses_of_an_upstream(spec: UpstreamSpec, expected: set[int]) -> None:
+    """429 from anyone; 503/529 only from a declared model provider; plus the upstream's own."""
+    assert not_executed_statuses(spec) == expected
+
+
+def test_a_503_releases_a_side_effect_only_where_it_proves_nothing_ran() -> None:
+    """A 503 to a side-effecting call is retried for a model provider, never for a gateway."""
+    failure = AttemptFailure("answered", 503)
+    provider = UpstreamSpec("ai", "http", url="http://127.0.0.1:9", provider="openai")
+    gateway = UpstreamSpec("gw", "http", url="http://127.0.0.1:9")
+    assert may_retry(failure, side_effect=True, not_executed=not_executed_statuses(provider))
+    assert not may_retry(failure, side_effect=True, not_executed=not_executed_statuses(gateway))
+    assert may_retry(failure, side_effect=False, not_executed=not_executed_statuses(gateway))
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from policies.admission import AdmissionRequest
 from policies.model import UpstreamSpec
-from policies.retry import retrying
+from policies.retry import not_executed_statuses, retrying
 from proxy.errors import (
     UpstreamError,
     UpstreamNotReached,
@@ -116,6 +116,7 @@ async def forward_with_retries(plan: ForwardPlan) -> JsonObject:
         describe=describe_failure,
         budget=plan.app[RETRY_BUDGETS].for_upstream(plan.upstream.name),
         max_attempts=plan.max_attempts,
+        not_executed=not_executed_statuses(plan.upstream),
     )
     try:
         async for attempt in loop:

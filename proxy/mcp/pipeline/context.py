@@ -98,4 +98,5 @@ class ToolCall:
             work_class=self.work_class,
             run_id=self.attrs.run_id,
             trace_id=tracing.current_trace_id(),
+            dedup_window_s=self.key.dedup_window_s,
         )

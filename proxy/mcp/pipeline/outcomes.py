@@ -1,4 +1,9 @@
-"""How a `tools/call` outcome is stored in the ledger and replayed to a later caller."""
+"""How a `tools/call` outcome is stored in the ledger and replayed to a later caller.
+
+The outcome is stored as the upstream answered it, in the revision of the session that made the
+call; a replay is converted to the revision of the caller that repeats it: a 2026-07-28 caller
+needs `resultType` (its SDK rejects a result without it), a 2025-11-25 one gets neither that nor
+the 2026-07-28 `_meta` envelope keys a server adds there."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ __all__ = ["REPLAY_META", "decode_replay", "encode_outcome", "outcome_state"]
 
 REPLAY_META = "interlock/replayed"
 JsonObject = dict[str, Any]
+_MODERN_ONLY_META = frozenset({"io.modelcontextprotocol/serverInfo"})
 
 
 def outcome_state(response: JsonObject) -> str:
@@ -30,27 +36,18 @@ def encode_outcome(response: JsonObject) -> bytes:
 
 
 def decode_replay(entry: EntryView, request_id: Any, *, modern: bool) -> JsonObject:
-    """The stored outcome of `entry` as the response to `request_id`, marked as a replay."""
+    """The stored outcome of `entry` as the response to `request_id`, marked as a replay.
+
+    Only for an entry whose outcome was kept (the pipeline answers -32056 otherwise).
+    """
+    assert entry.outcome is not None, "an entry without its outcome is never replayed"
     marker = {REPLAY_META: True, "interlock/entry-id": entry.id}
-    if entry.outcome is None:
-        result: JsonObject = {
-            "content": [
-                {
-                    "type": "text",
-                    "text": f"The call completed ({entry.state}); its outcome was not retained.",
-                }
-            ],
-            "isError": entry.state != "succeeded",
-            "_meta": {**marker, "interlock/outcome-retained": False},
-        }
-        if modern:
-            result["resultType"] = "complete"
-        return {"jsonrpc": "2.0", "id": request_id, "result": result}
     stored: JsonObject = json.loads(entry.outcome)
     if "result" in stored and isinstance(stored["result"], dict):
-        meta = dict(stored["result"].get("_meta") or {})
+        result = _in_revision(stored["result"], modern=modern)
+        meta = dict(result.get("_meta") or {})
         meta.update(marker)
-        stored["result"] = {**stored["result"], "_meta": meta}
+        stored["result"] = {**result, "_meta": meta}
     elif "error" in stored and isinstance(stored["error"], dict):
         data = stored["error"].get("data")
         stored["error"] = {
@@ -58,3 +55,14 @@ def decode_replay(entry: EntryView, request_id: Any, *, modern: bool) -> JsonObj
             "data": {**data, **marker} if isinstance(data, dict) else {**marker, "upstream": data},
         }
     return {"jsonrpc": "2.0", "id": request_id, **stored}
+
+
+def _in_revision(result: JsonObject, *, modern: bool) -> JsonObject:
+    """A stored `tools/call` result in the shape of the caller's protocol revision."""
+    if modern:
+        return result if "resultType" in result else {**result, "resultType": "complete"}
+    legacy = {k: v for k, v in result.items() if k != "resultType"}
+    meta = legacy.get("_meta")
+    if isinstance(meta, dict):
+        legacy["_meta"] = {k: v for k, v in meta.items() if k not in _MODERN_ONLY_META}
+    return legacy

@@ -4,8 +4,10 @@ Invariants kept here:
 - the `running` entry is committed before a byte goes upstream; no ledger, no call (fail closed);
 - a call that may have executed and whose answer never came (timeout, lost connection, client gone,
   proxy shutting down) becomes `unknown`, is answered as such, and is never re-sent by us;
-- a call that certainly did not execute (connect refused, 429/503/529 before processing, admission
-  refused on a retry) is released back to `rejected`, so the same key may be sent again.
+- a call that certainly did not execute (connect refused, a status that proves it — 429, the
+  upstream's `not_executed_statuses` —, admission refused on a retry) is released back to
+  `rejected`, so the same key may be sent again; any other 5xx (a 503 from a gateway whose backend
+  acted) makes it `unknown`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from opentelemetry.trace import Span
 
 from ledger import ClaimResult, LedgerError, LedgerStore, LedgerUnavailable, StaleToken
 from policies import answers
+from policies.retry import not_executed_statuses
 from proxy.errors import (
     UpstreamError,
     UpstreamLost,
@@ -30,7 +33,15 @@ from proxy.errors import (
 from proxy.mcp.pipeline.attempts import ForwardPlan, forward_with_retries
 from proxy.mcp.pipeline.context import JsonObject, ToolCall
 from proxy.mcp.pipeline.outcomes import decode_replay, encode_outcome, outcome_state
-from proxy.runtime.leases import AttemptNotClaimed, Lease, claim_refusal, keep_lease, next_attempt
+from proxy.runtime.leases import (
+    AttemptNotClaimed,
+    Lease,
+    claim_refusal,
+    keep_lease,
+    next_attempt,
+    record_finish,
+)
+from proxy.runtime.ledger_writes import until_written
 from proxy.runtime.scheduler import AdmissionRefused
 from proxy.state import CONFIG, LEDGER, SCHEDULER
 from proxy.telemetry import metrics, tracing
@@ -62,12 +73,18 @@ async def run_side_effect(call: ToolCall, plan: ForwardPlan) -> JsonObject:
         r = refused.refusal
         await _release(call, store, lease, f"retry refused: {r.reason}", r.retry_after_s)
         raise
-    except (UpstreamNotReached, UpstreamPressure) as exc:
-        retry_after = _retry_after(call, exc)
-        await _release(call, store, lease, f"not executed: {exc}", retry_after)
+    except UpstreamPressure as exc:
+        if exc.status not in not_executed_statuses(call.ctx.upstream):  # no proof nothing ran
+            await _mark_unknown(call, store, lease, f"upstream HTTP {exc.status}")
+            return call.answer(answers.outcome_unknown(call.idempotency_key, entry_id, str(exc)))
+        await _release(call, store, lease, f"not executed: {exc}", _retry_after(call, exc))
+        raise
+    except UpstreamNotReached as exc:
+        await _release(call, store, lease, f"not executed: {exc}", _retry_after(call, exc))
         raise
     except UpstreamRefused as exc:
-        if exc.status >= 500:  # a server error may have happened after the tool acted
+        not_executed = not_executed_statuses(call.ctx.upstream)
+        if exc.status >= 500 and exc.status not in not_executed:  # it may have acted first
             await _mark_unknown(call, store, lease, f"upstream HTTP {exc.status}")
             return call.answer(answers.outcome_unknown(call.idempotency_key, entry_id, str(exc)))
         await _release(call, store, lease, f"not executed: {exc}", None)
@@ -128,7 +145,11 @@ async def _claim(call: ToolCall, store: LedgerStore) -> ClaimResult:
 def _answer_claim(call: ToolCall, result: ClaimResult) -> JsonObject | None:
     """The answer for a claim that must not be forwarded, or None for a new running entry."""
     if result.kind == "replay":
-        return decode_replay(result.entry, call.request_id, modern=call.ctx.modern)
+        entry = result.entry
+        if entry.outcome is None:  # too large, or resolved by an operator: never a success
+            answer = answers.outcome_not_retained(call.idempotency_key, entry.id, str(entry.state))
+            return call.answer(answer)
+        return decode_replay(entry, call.request_id, modern=call.ctx.modern)
     refusal = claim_refusal(result, call.idempotency_key)
     return None if refusal is None else call.answer(refusal)
 
@@ -162,7 +183,7 @@ async def _mark_unknown(call: ToolCall, store: LedgerStore, lease: Lease, reason
         with tracing.child_span(
             "interlock.ledger.finish", attributes={"interlock.ledger.state": "unknown"}
         ):
-            await asyncio.shield(store.mark_unknown(lease.entry_id, lease.token, reason=reason))
+            await until_written(store.mark_unknown(lease.entry_id, lease.token, reason=reason))
     except LedgerError as exc:
         # The lease will run out and the sweeper marks the entry unknown: the record stays honest.
         call.span.set_attribute("interlock.ledger.error", str(exc))
@@ -176,7 +197,7 @@ async def _release(
         with tracing.child_span(
             "interlock.ledger.finish", attributes={"interlock.ledger.state": "rejected"}
         ):
-            await asyncio.shield(
+            await until_written(
                 store.release_unsent(
                     lease.entry_id, lease.token, reason=reason, retry_after_s=retry_after_s
                 )
@@ -200,12 +221,15 @@ async def _record(
         with tracing.child_span(
             "interlock.ledger.finish", attributes={"interlock.ledger.state": state}
         ):
-            await store.finish(
-                lease.entry_id,
-                lease.token,
-                state="failed" if state == "failed" else "succeeded",
-                outcome=encode_outcome(response),
-                error=json.dumps(error)[:2000] if error is not None else None,
+            # the upstream answered: its outcome is recorded even if shutdown cancels us now
+            await until_written(
+                record_finish(
+                    store,
+                    lease,
+                    state="failed" if state == "failed" else "succeeded",
+                    outcome=encode_outcome(response),
+                    error=json.dumps(error)[:2000] if error is not None else None,
+                )
             )
         call.span.set_attribute("interlock.ledger.state", state)
     except StaleToken as exc:

@@ -65,7 +65,7 @@ async def handle_tools_call(
     except BadAttribute as exc:
         return _invalid_params(request, f"bad_{exc.name}", str(exc))
     tool: str = params["name"]
-    arguments = params.get("arguments") or {}
+    arguments = params.get("arguments")  # absent is not the same call as {}
     policy = classify_tool(
         config, ctx.upstream.name, tool, tool_annotations(ctx.app, ctx.upstream.name, tool)
     )
@@ -82,9 +82,10 @@ async def handle_tools_call(
                 explicit=attrs.idempotency_key,
                 tenant=attrs.tenant,
                 upstream=ctx.upstream.name,
-                tool=tool,
+                operation=tool,
                 arguments=arguments,
                 run_id=attrs.run_id,
+                window_s=policy.dedup_window_s,
             )
         except (TypeError, ValueError) as exc:  # NaN, keys equal after NFC: no canonical form
             reason = f"arguments have no canonical form: {exc}"

@@ -1,0 +1,91 @@
+"""What a failed write transaction means for the operations in it (pure: no I/O).
+
+    RETRY      transient, nothing was committed: run the whole batch again (SQLite busy or locked,
+               PostgreSQL serialization failure or deadlock, a connection lost before COMMIT)
+    UNAVAILABLE the database cannot be written now (disk full, I/O error, refused connections after
+               the retries, a connection lost *during* COMMIT, whose outcome nobody knows)
+    ISOLATE    the database refused a statement because of what one operation wrote (a NUL byte,
+               a lone surrogate, an index row over PostgreSQL's limit, a constraint): nothing was
+               committed, and re-running the batch in halves finds the one operation to fail
+
+Only `UNAVAILABLE` fails a whole batch: one bad value can only ever fail its own operation.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from sqlalchemy import exc
+
+__all__ = ["Fault", "classify", "describe"]
+
+
+class Fault(enum.Enum):
+    """What the writer does with a batch whose transaction failed."""
+
+    RETRY = "retry"
+    UNAVAILABLE = "unavailable"
+    ISOLATE = "isolate"
+
+
+# PostgreSQL SQLSTATEs (and classes) that say nothing about the data written.
+_PG_RETRY = {"40001", "40P01"}  # serialization_failure, deadlock_detected
+_PG_LOST = {"08", "57"}  # connection exception; operator intervention (admin shutdown, …)
+_PG_DOWN = {"53", "58", "XX"}  # insufficient resources; system error; internal error
+# SQLite primary result codes.
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+_SQLITE_DOWN = {3, 7, 8, 9, 10, 11, 13, 14, 15, 26}  # perm, nomem, readonly, interrupt, ioerr,
+# corrupt, full, cantopen, protocol, notadb
+
+
+def classify(error: BaseException, *, committing: bool) -> Fault:
+    """The fault `error` stands for; `committing` says whether it was raised by COMMIT itself.
+
+    A connection lost during COMMIT is `UNAVAILABLE`, never `RETRY`: the transaction may have
+    committed, and running it again could decide twice.
+    """
+    lost = _connection_lost(error)
+    if lost:
+        return Fault.UNAVAILABLE if committing else Fault.RETRY
+    if isinstance(error, exc.DBAPIError):
+        sqlstate = getattr(error.orig, "sqlstate", None) or getattr(error.orig, "pgcode", None)
+        if isinstance(sqlstate, str) and sqlstate:
+            if sqlstate in _PG_RETRY:
+                return Fault.RETRY
+            if sqlstate[:2] in _PG_DOWN:
+                return Fault.UNAVAILABLE
+            return Fault.ISOLATE
+        code = getattr(error.orig, "sqlite_errorcode", None)
+        if isinstance(code, int):
+            primary = code & 0xFF
+            if primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
+                return Fault.RETRY
+            if primary in _SQLITE_DOWN:
+                return Fault.UNAVAILABLE
+    if isinstance(error, OSError):
+        return Fault.UNAVAILABLE if committing else Fault.RETRY
+    # A value the driver could not send (NUL, lone surrogate) or the server refused.
+    return Fault.ISOLATE
+
+
+def _connection_lost(error: BaseException) -> bool:
+    if isinstance(error, exc.DBAPIError):
+        if error.connection_invalidated:
+            return True
+        sqlstate = getattr(error.orig, "sqlstate", None)
+        if isinstance(sqlstate, str) and sqlstate[:2] in _PG_LOST:
+            return True
+        # asyncpg's "connection is closed" / "connection was closed in the middle of operation"
+        cause = error.orig.__cause__ if error.orig is not None else None
+        names = {type(error.orig).__name__, type(cause).__name__ if cause else ""}
+        return bool(names & {"ConnectionDoesNotExistError", "InterfaceError"}) and (
+            "closed" in str(error.orig).lower()
+        )
+    return False
+
+
+def describe(error: BaseException) -> str:
+    """One line for a log or a `LedgerUnavailable` message."""
+    if isinstance(error, exc.DBAPIError):
+        return str(error.orig).strip() or type(error.orig).__name__
+    return str(error).strip() or type(error).__name__

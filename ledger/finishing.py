@@ -1,0 +1,120 @@
+"""A finish that cannot be written at once is retried in the background until it lands or the
+lease it depends on would lapse (DESIGN.md "Edges — The ledger under faults").
+
+The caller has its answer already: the outcome must not be lost because the ledger was locked for
+a moment, or its connection was killed between two batches. Only `LedgerUnavailable` is retried;
+a refusal (stale token, illegal transition) is an answer and ends the retries. A finish whose
+COMMIT was lost may have landed after all: the retry then finds the entry finished with the same
+token, and counts that as landed. One that never lands is logged at ERROR with its entry id; its
+lease then lapses and the sweeper makes the entry `unknown` — honest, never lost silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+from ledger.errors import IllegalTransition, LedgerError, LedgerUnavailable
+from ledger.views import EntryView
+
+__all__ = ["BackgroundFinishes", "retry_finish"]
+
+log = logging.getLogger("interlock.ledger")
+_FIRST_BACKOFF_S = 0.1
+_MAX_BACKOFF_S = 2.0
+
+
+async def retry_finish(
+    attempt: Callable[[], Awaitable[EntryView]],
+    landed: Callable[[], Awaitable[EntryView | None]],
+    *,
+    entry_id: str,
+    until: float,
+) -> EntryView:
+    """Run `attempt` until it commits, retrying `LedgerUnavailable` with jittered backoff until
+    the event loop's time passes `until`.
+
+    `landed` says whether an earlier try did commit after all (the entry is finished under the
+    same token); it is asked only when a retry is refused as an illegal transition.
+
+    Raises:
+        LedgerUnavailable: still not written when `until` passed (logged at ERROR).
+        LedgerError: the ledger refused the finish (stale token, illegal transition, …).
+    """
+    loop = asyncio.get_running_loop()
+    tries = 0
+    while True:
+        try:
+            return await attempt()
+        except LedgerUnavailable as error:
+            tries += 1
+            remaining = until - loop.time()
+            if remaining <= 0:
+                log.error(
+                    "entry %s: outcome NOT recorded after %d tries (%s); its lease lapses and "
+                    "it becomes unknown: reconcile it",
+                    entry_id,
+                    tries,
+                    error,
+                )
+                raise
+            if tries == 1:
+                log.warning(
+                    "entry %s: outcome not recorded yet (%s); retrying until its lease lapses",
+                    entry_id,
+                    error,
+                )
+            backoff = min(_MAX_BACKOFF_S, _FIRST_BACKOFF_S * 2**tries)
+            await asyncio.sleep(min(remaining, random.uniform(backoff / 2, backoff)))
+        except IllegalTransition:
+            if tries and (entry := await _landed_quietly(landed)) is not None:
+                return entry
+            raise
+
+
+async def _landed_quietly(landed: Callable[[], Awaitable[EntryView | None]]) -> EntryView | None:
+    try:
+        return await landed()
+    except LedgerError:
+        return None
+
+
+class BackgroundFinishes:
+    """The finishes still being retried, held so that none is garbage-collected mid-flight and
+    the store can let them land before it closes."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[EntryView]] = set()
+
+    def start(
+        self,
+        attempt: Callable[[], Awaitable[EntryView]],
+        landed: Callable[[], Awaitable[EntryView | None]],
+        *,
+        entry_id: str,
+        until: float,
+    ) -> asyncio.Task[EntryView]:
+        """`retry_finish` in a task of its own."""
+        task = asyncio.create_task(
+            retry_finish(attempt, landed, entry_id=entry_id, until=until),
+            name=f"ledger-finish-{entry_id}",
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._forget)
+        return task
+
+    def _forget(self, task: asyncio.Task[EntryView]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a caller that stopped waiting was answered already
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for the finishes still retrying; cancel those left."""
+        if not self._tasks:
+            return
+        _done, late = await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        for task in late:
+            log.error("%s: cancelled at shutdown before its outcome was recorded", task.get_name())
+            task.cancel()

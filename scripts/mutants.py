@@ -1,0 +1,297 @@
+"""`make mutants`: each guard that matters most, removed on purpose, must be noticed by a test.
+
+For every named mutant: copy the tree (the files git knows, committed or not) to a scratch
+folder, apply the mutation there (an exact search/replace in one file — a search text that is no
+longer found fails loudly, so a mutant cannot rot into a no-op), check that the mutated module is
+the one Python imports from the scratch copy, and run the mutant's tests there. A mutant is
+*killed* when a test fails, *survived* when they all pass (skips included: a guard proved only by
+skipped tests is not proved). Before the mutants, the same tests run once on the unmutated copy:
+tests that fail there would kill anything.
+
+Prints a table (mutant, tests, killed/survived, seconds); exits 1 if any mutant survives or any
+run is broken. Usage: `python scripts/mutants.py [--only NAME] [--no-baseline] [--list]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x"]
+_TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One dangerous mutation: `search` replaced by `replace` in `path` (each exactly once)."""
+
+    name: str
+    path: str
+    module: str
+    edits: tuple[tuple[str, str], ...]
+    tests: tuple[str, ...]
+    why: str
+
+
+MUTANTS = (
+    Mutant(
+        name="drop FOR UPDATE",
+        path="ledger/queries.py",
+        module="ledger.queries",
+        edits=(
+            (
+                '    if dialect != "postgresql":\n'
+                "        return stmt\n"
+                "    return stmt.with_for_update(skip_locked=skip_locked)\n",
+                "    return stmt\n",
+            ),
+        ),
+        tests=(
+            "tests/integration/test_ledger_concurrency.py::"
+            "test_two_processes_racing_rejected_keys_start_each_once",
+            "tests/integration/test_ledger_concurrency.py::"
+            "test_two_processes_racing_operator_retried_keys_start_each_once",
+            "tests/acceptance/test_replica_races.py",
+        ),
+        why="claim and finish decide on rows another replica may be changing",
+    ),
+    Mutant(
+        name="acknowledge before COMMIT",
+        path="ledger/writer.py",
+        module="ledger.writer",
+        edits=(
+            (
+                "        try:\n"
+                "            await transaction.commit()\n"
+                "        except Exception as error:\n"
+                "            with contextlib.suppress(Exception):\n"
+                "                await transaction.rollback()\n"
+                "            raise _TransactionFailed(error, committing=True) from error\n",
+                "        with contextlib.suppress(Exception):\n"
+                "            await transaction.commit()\n",
+            ),
+            (
+                "        try:\n"
+                "            transaction.commit()\n"
+                "        except Exception as error:\n"
+                "            with contextlib.suppress(Exception):\n"
+                "                transaction.rollback()\n"
+                "            raise _TransactionFailed(error, committing=True) from error\n",
+                "        with contextlib.suppress(Exception):\n            transaction.commit()\n",
+            ),
+        ),
+        tests=(
+            "tests/integration/test_ledger_faults.py::"
+            "test_a_commit_the_database_refuses_is_never_acknowledged",
+        ),
+        why="callers hear 'done' for a write whose COMMIT failed",
+    ),
+    Mutant(
+        name="skip the fencing-token check",
+        path="ledger/operations.py",
+        module="ledger.operations",
+        edits=(
+            (
+                "        if self.token != row.fencing_token:\n"
+                '            report = {"op": "finish", "state": self.state}\n',
+                '        if False:\n            report = {"op": "finish", "state": self.state}\n',
+            ),
+        ),
+        tests=(
+            "tests/integration/test_ledger_store.py::"
+            "test_stale_token_finish_is_refused_and_kept_as_evidence",
+            "tests/unit/test_ledger_states.py::"
+            "test_stale_finish_leaves_a_note_and_changes_nothing_else",
+        ),
+        why="a stale owner's finish overwrites a newer decision",
+    ),
+    Mutant(
+        name="forward before the claim commits",
+        path="proxy/mcp/pipeline/side_effects.py",
+        module="proxy.mcp.pipeline.side_effects",
+        edits=(
+            (
+                "    try:\n        claim = await _claim(call, store)\n",
+                "    early = asyncio.ensure_future(forward_with_retries(plan))\n"
+                "    try:\n        claim = await _claim(call, store)\n",
+            ),
+        ),
+        tests=(
+            "tests/integration/test_mcp_pipeline.py::test_duplicate_delivery_serially_executes_once",
+        ),
+        why="the upstream acts before the write-ahead record exists",
+    ),
+    Mutant(
+        name="treat a timeout as not executed",
+        path="proxy/runtime/upstream_pressure.py",
+        module="proxy.runtime.upstream_pressure",
+        edits=(
+            (
+                "    if isinstance(error, UpstreamTimeout):\n"
+                '        return AttemptFailure("timeout")\n',
+                "    if isinstance(error, UpstreamTimeout):\n"
+                '        return AttemptFailure("not_sent")\n',
+            ),
+        ),
+        tests=(
+            "tests/integration/test_mcp_pipeline.py::"
+            "test_timeout_becomes_unknown_and_blocks_the_key_until_resolved",
+            "tests/integration/test_telemetry_http_spans.py::test_http_timeout_becomes_unknown",
+        ),
+        why="a call that may have acted is re-sent blindly",
+    ),
+    Mutant(
+        name="fingerprint without the operation",
+        path="policies/keys.py",
+        module="policies.keys",
+        edits=(
+            (
+                "    return _sha256(canonical_json("
+                '{"operation": operation, "arguments": arguments}))',
+                '    return _sha256(canonical_json({"arguments": arguments}))',
+            ),
+        ),
+        tests=(
+            "tests/unit/test_keys.py::test_fingerprint_tells_operations_apart",
+            "tests/integration/test_mcp_idempotency_keys.py::"
+            "test_a_key_reused_for_another_tool_is_a_mismatch_not_a_replay",
+            "tests/integration/test_http_idempotency.py::"
+            "test_same_key_on_another_path_is_422_not_a_replay",
+        ),
+        why="a key reused for another operation replays the first one's outcome",
+    ),
+)
+
+
+def _tracked_files() -> list[str]:
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    ).stdout.decode()
+    return [name for name in listed.split("\0") if name and (REPO / name).is_file()]
+
+
+def _copy_tree(files: list[str], scratch: Path) -> None:
+    for name in files:
+        target = scratch / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, target)
+
+
+def _apply(mutant: Mutant, scratch: Path) -> None:
+    path = scratch / mutant.path
+    text = path.read_text()
+    for search, replace in mutant.edits:
+        found = text.count(search)
+        if found != 1:
+            raise SystemExit(
+                f"mutant {mutant.name!r} has rotted: its search text occurs {found} times in "
+                f"{mutant.path} (expected once); update it in scripts/mutants.py:\n{search}"
+            )
+        text = text.replace(search, replace)
+    path.write_text(text)
+
+
+def _env(scratch: Path) -> dict[str, str]:
+    # The editable install points at the real tree: the scratch copy must come first.
+    return {**os.environ, "PYTHONPATH": str(scratch), "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def _imported_from(module: str, scratch: Path) -> Path:
+    probe = f"import importlib; print(importlib.import_module({module!r}).__file__)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=scratch,
+        env=_env(scratch),
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return Path(out).resolve()
+
+
+def _run_tests(tests: tuple[str, ...], scratch: Path, *, show: bool = False) -> int:
+    done = subprocess.run(
+        [*PYTEST, *tests],
+        cwd=scratch,
+        env=_env(scratch),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=_TIMEOUT_S,
+        check=False,
+    )
+    if show or done.returncode not in (0, 1):
+        print(done.stdout[-3000:], file=sys.stderr)
+    return done.returncode
+
+
+def _baseline(mutants: list[Mutant], files: list[str]) -> bool:
+    tests = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
+    with tempfile.TemporaryDirectory(prefix="interlock-baseline-") as folder:
+        scratch = Path(folder)
+        _copy_tree(files, scratch)
+        started = time.monotonic()
+        code = _run_tests(tests, scratch)
+    print(
+        f"baseline (unmutated, {len(tests)} tests): exit {code}, {time.monotonic() - started:.1f} s"
+    )
+    return code == 0
+
+
+def _run_mutant(mutant: Mutant, files: list[str], *, show: bool) -> tuple[str, float]:
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="interlock-mutant-") as folder:
+        scratch = Path(folder).resolve()
+        _copy_tree(files, scratch)
+        _apply(mutant, scratch)
+        source = _imported_from(mutant.module, scratch)
+        if source != scratch / mutant.path:
+            raise SystemExit(f"mutant {mutant.name!r}: {mutant.module} imported from {source}")
+        code = _run_tests(mutant.tests, scratch, show=show)
+    verdict = {0: "SURVIVED", 1: "killed"}.get(code, f"broken (pytest exit {code})")
+    return verdict, time.monotonic() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", help="run only the mutant with this name")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--show", action="store_true", help="print the end of each test run")
+    args = parser.parse_args()
+    mutants = [m for m in MUTANTS if not args.only or m.name in args.only]
+    if args.list or not mutants:
+        for m in MUTANTS:
+            print(f"{m.name}: {m.path} — {m.why}")
+        return 0 if args.list else 2
+    files = _tracked_files()
+    started = time.monotonic()
+    if not args.no_baseline and not _baseline(mutants, files):
+        print("the mutants' tests fail on the unmutated tree: fix them first", file=sys.stderr)
+        return 1
+    rows = []
+    for mutant in mutants:
+        verdict, seconds = _run_mutant(mutant, files, show=args.show)
+        rows.append((mutant.name, len(mutant.tests), verdict, seconds))
+        print(f"  {mutant.name}: {verdict} ({seconds:.1f} s)", flush=True)
+    width = max(len(name) for name, *_ in rows)
+    print(f"\n{'mutant':<{width}}  tests  {'result':<10}  seconds")
+    for name, count, verdict, seconds in rows:
+        print(f"{name:<{width}}  {count:>5}  {verdict:<10}  {seconds:7.1f}")
+    print(f"total {time.monotonic() - started:.1f} s")
+    return 0 if all(verdict == "killed" for _, _, verdict, _ in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""The ledger under faults (DESIGN.md "Edges — The ledger under faults"), on SQLite and PostgreSQL:
+one bad write fails only itself, transient errors are retried, the writer's death fails fast,
+lease times come from the database's clock, and retention purges in small batches."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import sqlite3
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from ledger import EntryState, LedgerStore, LedgerUnavailable
+from ledger import db as ledger_db
+from ledger.db import open_engines
+from policies.model import LedgerSettings
+from tests import ledger_fixtures
+from tests.integration.waiting import wait_until
+from tests.ledger_fixtures import (
+    claim_request,
+    only_postgres,
+    only_sqlite,
+    pg_terminate_backends,
+    sqlite_write_lock_in_another_process,
+)
+
+ledger_backend = ledger_fixtures.ledger_backend
+ledger_url = ledger_fixtures.ledger_url
+ledger_settings = ledger_fixtures.ledger_settings
+ledger_store = ledger_fixtures.ledger_store
+
+_DEADLINE_S = 30
+# Values that some database refuses to store. The contract validates them away at the edge; the
+# ledger must still survive one that gets through, whatever the backend does with it.
+POISONS: dict[str, dict[str, Any]] = {
+    "lone surrogate in the key": {"key": "order-\ud800"},
+    "NUL in the run id": {"run_id": "run\x00one"},
+    # Random, so that PostgreSQL cannot compress the index row under its 2704-byte limit.
+    "tenant over PostgreSQL's index row limit": {"tenant": secrets.token_hex(1400)},
+}
+
+
+@pytest.mark.parametrize("poison", list(POISONS))
+async def test_poisoned_batch_fails_only_the_poisoned_operation(
+    ledger_store: LedgerStore, poison: str
+) -> None:
+    """One claim with a value the database refuses, group-committed with twenty other claims
+    and finishes: every other claim and finish commits; the poisoned one alone may fail."""
+    running = [await ledger_store.claim(claim_request(f"running-{i}")) for i in range(10)]
+    fields = dict(POISONS[poison])
+    key = fields.pop("key", "poisoned")
+    poisoned = claim_request(key, **fields)
+    finishes = [
+        ledger_store.finish(c.entry.id, c.entry.fencing_token, state="succeeded", outcome=b"ok")
+        for c in running
+    ]
+    claims = [ledger_store.claim(claim_request(f"fresh-{i}")) for i in range(10)]
+    before = ledger_store.writer_stats.batches
+    results = await asyncio.gather(
+        *finishes[:5],
+        *claims[:5],
+        ledger_store.claim(poisoned),
+        *finishes[5:],
+        *claims[5:],
+        return_exceptions=True,
+    )
+    poisoned_result = results.pop(10)
+    assert ledger_store.writer_stats.batches > before
+    assert [r.state for r in results[:5] + results[10:15]] == [EntryState.SUCCEEDED] * 10  # type: ignore[union-attr]
+    assert [r.kind for r in results[5:10] + results[15:]] == ["new"] * 10  # type: ignore[union-attr]
+    if isinstance(poisoned_result, BaseException):
+        assert isinstance(poisoned_result, LedgerUnavailable), repr(poisoned_result)
+    states = {e.idempotency_key: e.state for e in await ledger_store.list_entries(limit=100)}
+    assert [states[f"running-{i}"] for i in range(10)] == [EntryState.SUCCEEDED] * 10
+    assert [states[f"fresh-{i}"] for i in range(10)] == [EntryState.RUNNING] * 10
+
+
+async def test_one_poison_fails_alone_in_a_batch_of_many(ledger_store: LedgerStore) -> None:
+    """A lone surrogate refused by both backends, in a batch of a hundred claims: exactly that
+    claim fails, with LedgerUnavailable; the ninety-nine others are new and committed."""
+    keys = [f"k{i}" for i in range(100)]
+    keys[37] = "bad-\udc80"
+    results = await asyncio.gather(
+        *(ledger_store.claim(claim_request(k)) for k in keys), return_exceptions=True
+    )
+    failed = [i for i, r in enumerate(results) if isinstance(r, BaseException)]
+    assert failed == [37]
+    assert isinstance(results[37], LedgerUnavailable)
+    assert len(await ledger_store.list_entries(limit=200)) == 99
+
+
+@only_postgres
+async def test_a_commit_the_database_refuses_is_never_acknowledged(
+    ledger_store: LedgerStore, ledger_settings: LedgerSettings
+) -> None:
+    """PostgreSQL: a deferred constraint refuses one claim at COMMIT. That caller hears
+    LedgerUnavailable, never "new"; the other claims of its batch commit without it."""
+    engines = open_engines(ledger_settings)
+    try:
+        async with engines.write.begin() as conn:
+            await conn.execute(
+                sa.text(
+                    "CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS "
+                    "$$ BEGIN RAISE EXCEPTION 'refused at commit'; END $$"
+                )
+            )
+            await conn.execute(
+                sa.text(
+                    "CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON ledger_entries "
+                    "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
+                    "WHEN (NEW.tenant = 'refused') EXECUTE FUNCTION refuse_at_commit()"
+                )
+            )
+    finally:
+        await engines.dispose()
+    requests = [claim_request(f"k{i}") for i in range(6)]
+    requests.insert(3, claim_request("k-refused", tenant="refused"))
+    results = await asyncio.gather(
+        *(ledger_store.claim(r) for r in requests), return_exceptions=True
+    )
+    refused = results.pop(3)
+    assert isinstance(refused, LedgerUnavailable), repr(refused)
+    assert "refused at commit" in str(refused)
+    assert [r.kind for r in results] == ["new"] * 6  # type: ignore[union-attr]
+    entries = await ledger_store.list_entries(limit=20)
+    assert sorted(e.idempotency_key or "" for e in entries) == [f"k{i}" for i in range(6)]
+
+
+@only_postgres
+async def test_a_connection_killed_between_batches_is_retried(
+    ledger_store: LedgerStore, ledger_settings: LedgerSettings
+) -> None:
+    """PostgreSQL kills the writer's connection between two batches (pg_terminate_backend):
+    the next claim is retried on a new connection and commits; nothing is lost or doubled."""
+    first = await ledger_store.claim(claim_request("before"))
+    assert await pg_terminate_backends(ledger_settings.url)
+    second = await ledger_store.claim(claim_request("after"))
+    assert (first.kind, second.kind) == ("new", "new")
+    keys = sorted(e.idempotency_key or "" for e in await ledger_store.list_entries())
+    assert keys == ["after", "before"]
+
+
+@only_sqlite
+async def test_a_lock_held_past_the_busy_timeout_is_retried(
+    ledger_settings: LedgerSettings,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """SQLite: another process holds the write lock past the busy timeout (500 ms here); the
+    writer retries instead of failing, and the claim commits once the lock is released."""
+    monkeypatch.setattr(ledger_db, "BUSY_TIMEOUT_MS", 500)
+    store = await LedgerStore.open(ledger_settings, owner="r")
+    try:
+        async with sqlite_write_lock_in_another_process(ledger_settings.url) as release:
+            claim = asyncio.create_task(store.claim(claim_request("waited")))
+            await wait_until(lambda: "ledger write retried" in caplog.text, timeout_s=_DEADLINE_S)
+            assert not claim.done()
+            release()
+            result = await asyncio.wait_for(claim, _DEADLINE_S)
+    finally:
+        await store.close()
+    assert result.kind == "new"
+
+
+async def test_a_replica_whose_clock_runs_fast_sweeps_no_live_call(
+    ledger_settings: LedgerSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica whose wall clock is 45 s fast sweeps, renews and claims against the database's
+    clock: another replica's live call (30 s lease, just claimed) stays running."""
+    settings = LedgerSettings(url=ledger_settings.url, lease_s=30)
+    honest = await LedgerStore.open(settings, owner="honest")
+    try:
+        live = await honest.claim(claim_request("live"))
+        with _wall_clock_skewed(monkeypatch, seconds=45):
+            fast = await LedgerStore.open(settings, owner="fast")
+            try:
+                assert await fast.sweep_expired() == 0
+                again = await fast.claim(claim_request("live"))
+            finally:
+                await fast.close()
+        assert again.kind == "in_progress"
+        entry, _ = await honest.get(live.entry.id)
+        assert (entry.state, entry.fencing_token) == (EntryState.RUNNING, 1)
+        assert await honest.renew(live.entry.id, live.entry.fencing_token)
+    finally:
+        await honest.close()
+
+
+async def test_a_writer_that_dies_fails_waiting_writes_and_is_restarted(
+    ledger_store: LedgerStore,
+) -> None:
+    """The writer task dies (cancelled) with a claim waiting on it: that claim fails at once with
+    LedgerUnavailable instead of waiting forever, and the next claim runs on a new writer."""
+    waiting = asyncio.create_task(ledger_store.claim(claim_request("waiting")))
+    await asyncio.sleep(0)
+    (writer,) = [t for t in asyncio.all_tasks() if t.get_name() == "ledger-group-commit"]
+    writer.cancel()
+    with pytest.raises(LedgerUnavailable, match="writer"):
+        await asyncio.wait_for(waiting, _DEADLINE_S)
+    after = await asyncio.wait_for(ledger_store.claim(claim_request("after")), _DEADLINE_S)
+    assert after.kind == "new"
+    assert ledger_store.writer_restarts == 1
+
+
+@pytest.mark.parametrize(("durability", "expected"), [("full", 2), ("normal", 1)])
+async def test_the_writer_connection_runs_the_configured_synchronous_level(
+    tmp_path: Path, durability: str, expected: int
+) -> None:
+    """SQLite: the group-commit writer's own connection runs `PRAGMA synchronous` FULL (2) by
+    default and NORMAL (1) with `durability: normal`, read on that connection mid-batch."""
+    seen: list[int] = []
+
+    def on_execute(conn: sa.Connection, cursor: Any, *_: Any) -> None:
+        writes = conn.get_execution_options().get("interlock_ledger_write", False)
+        if writes and isinstance(cursor, sqlite3.Cursor):  # the writer's own sqlite3 connection
+            seen.append(cursor.connection.execute("PRAGMA synchronous").fetchone()[0])
+
+    settings = LedgerSettings(url=f"sqlite:///{tmp_path / 'l.db'}", durability=durability)  # type: ignore[arg-type]
+    store = await LedgerStore.open(settings, owner="r")
+    event.listen(sa.Engine, "before_cursor_execute", on_execute)
+    try:
+        await store.claim(claim_request("k"))
+    finally:
+        event.remove(sa.Engine, "before_cursor_execute", on_execute)
+        await store.close()
+    assert seen, "no statement ran on the writer's connection"
+    assert set(seen) == {expected}
+
+
+async def test_purge_deletes_in_small_batches(ledger_store: LedgerStore) -> None:
+    """Retention deletes 35 old entries ten per write transaction (four commits), each queued
+    with the other writes, and keeps the open ones."""
+    for i in range(35):
+        claim = await ledger_store.claim(claim_request(f"old-{i}"))
+        await ledger_store.finish(
+            claim.entry.id, claim.entry.fencing_token, state="succeeded", outcome=b"x"
+        )
+    await ledger_store.claim(claim_request("open"))
+    before = ledger_store.writer_stats.batches
+    assert await ledger_store.purge(older_than=timedelta(0), batch_size=10) == 35
+    assert ledger_store.writer_stats.batches - before == 4
+    assert [e.idempotency_key for e in await ledger_store.list_entries()] == ["open"]
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+
+class _SkewedDatetime(datetime):
+    skew = timedelta(0)
+
+    @classmethod
+    def now(cls, tz: Any = None) -> Any:
+        return datetime.now(tz or UTC) + cls.skew
+
+
+def _wall_clock_skewed(monkeypatch: pytest.MonkeyPatch, *, seconds: float) -> Any:
+    """This process's wall clock, as every `ledger` module reads it, runs `seconds` fast."""
+    skewed = type("Skewed", (_SkewedDatetime,), {"skew": timedelta(seconds=seconds)})
+
+    class _Patch:
+        def __enter__(self) -> None:
+            for name, module in list(sys.modules.items()):
+                if name.split(".")[0] == "ledger" and getattr(module, "datetime", None) is datetime:
+                    monkeypatch.setattr(module, "datetime", skewed)
+
+        def __exit__(self, *_: object) -> None:
+            monkeypatch.undo()
+
+    return _Patch()
