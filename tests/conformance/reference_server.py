@@ -5,7 +5,8 @@
 `test://template/{id}/data`, prompts, completion, logging, subscriptions, and (SEP-1699) a tool
 that closes its SSE stream so the client must resume with `GET` + `Last-Event-ID`. This module
 serves that surface, written from the scenario descriptions, so the suite can run against it
-directly and through Interlock.
+directly and through Interlock; one tool more, `reference_calls`, tells how often each tool ran
+(Interlock's tests check that nothing ran twice).
 
     python -m tests.conformance.reference_server --port 8001     # Streamable HTTP at /mcp
     python -m tests.conformance.reference_server --stdio         # over stdio
@@ -24,7 +25,7 @@ import asyncio
 import base64
 import json
 import socket
-from collections import Counter, OrderedDict
+from collections import Counter
 from typing import Any
 
 import mcp_types as t
@@ -32,8 +33,9 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.prompts.base import UserMessage
 
 from tests.conformance.event_store import MemoryEventStore
+from tests.conformance.session_versions import SessionVersions
 
-__all__ = ["RETRY_INTERVAL_MS", "SessionVersions", "build_reference_server"]
+__all__ = ["RETRY_INTERVAL_MS", "build_reference_server", "http_app"]
 
 RETRY_INTERVAL_MS = 500
 PNG = (  # a 1x1 pixel
@@ -324,92 +326,6 @@ def build_reference_server() -> MCPServer:
     _add_prompts(server)
     _add_session_methods(server)
     return server
-
-
-class SessionVersions:
-    """ASGI layer: a session's requests carry the protocol version the session negotiated.
-
-    The SDK decides per request, from the `MCP-Protocol-Version` header, whether to prime a stream
-    for resumption. A handshake-era session has one version, fixed by `initialize`: this layer
-    remembers it (from the initialize body and the session id in its answer) and puts it in the
-    header of that session's later requests. Bounded (oldest sessions forgotten).
-    """
-
-    def __init__(self, app: Any, max_sessions: int = 10_000) -> None:
-        self._app = app
-        self._max = max_sessions
-        self._versions: OrderedDict[str, bytes] = OrderedDict()
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self._app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        session = headers.get(b"mcp-session-id")
-        if session is not None:
-            version = self._versions.get(session.decode(errors="replace"))
-            if version is not None and b"mcp-protocol-version" in headers:
-                rewritten = [
-                    (k, version if k == b"mcp-protocol-version" else v) for k, v in scope["headers"]
-                ]
-                scope = {**scope, "headers": rewritten}
-            await self._app(scope, receive, send)
-            return
-        if scope["method"] != "POST":
-            await self._app(scope, receive, send)
-            return
-        body = await _read_body(receive)
-        requested = _initialize_version(body)
-        await self._app(scope, _replay(body), self._watch(send, requested))
-
-    def _watch(self, send: Any, version: str | None) -> Any:
-        async def watching(event: dict[str, Any]) -> None:
-            if version is not None and event["type"] == "http.response.start":
-                for name, value in event.get("headers", []):
-                    if name.lower() == b"mcp-session-id":
-                        self._versions[value.decode(errors="replace")] = version.encode()
-                        while len(self._versions) > self._max:
-                            self._versions.popitem(last=False)
-            await send(event)
-
-        return watching
-
-
-def _initialize_version(body: bytes) -> str | None:
-    try:
-        message = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(message, dict) or message.get("method") != "initialize":
-        return None
-    params = message.get("params")
-    version = params.get("protocolVersion") if isinstance(params, dict) else None
-    return version if isinstance(version, str) else None
-
-
-async def _read_body(receive: Any) -> bytes:
-    chunks = []
-    while True:
-        event = await receive()
-        if event["type"] != "http.request":
-            return b"".join(chunks)
-        chunks.append(event.get("body", b""))
-        if not event.get("more_body"):
-            return b"".join(chunks)
-
-
-def _replay(body: bytes) -> Any:
-    sent = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.Event().wait()  # as a real receive: nothing more until the request ends
-        return {"type": "http.disconnect"}  # pragma: no cover
-
-    return receive
 
 
 def http_app(server: MCPServer) -> Any:

@@ -11,8 +11,7 @@ upstreams are ever contacted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 
@@ -21,12 +20,16 @@ from policies.model import UpstreamSpec
 from proxy.errors import UpstreamError
 from proxy.mcp.transport.batch import handle_batch
 from proxy.mcp.transport.context import PostContext, answer_response
+from proxy.mcp.transport.event_streams import (
+    LAST_EVENT_ID_HEADER,
+    recorded_stream,
+    replay,
+    unsolicited_stream,
+)
 from proxy.mcp.transport.post import handle_single
 from proxy.mcp.transport.reply import DisconnectWatcher, accepts_sse
-from proxy.mcp.transport.resumption import StreamRecord
-from proxy.mcp.transport.sessions import MCP_TRANSPORT, McpTransport, stream_key
-from proxy.mcp.upstreams.relay import ClientGone, cancelled_when
-from proxy.mcp.upstreams.stdio import StdioProcess
+from proxy.mcp.transport.sessions import MCP_TRANSPORT, McpTransport
+from proxy.mcp.upstreams.relay import ClientGone
 from proxy.mcp.upstreams.stdio_pool import StdioUpstreams, default_max_line_bytes
 from proxy.mcp.upstreams.streamable_http import relay_http
 from proxy.mcp.wire.headers import (
@@ -36,13 +39,9 @@ from proxy.mcp.wire.headers import (
     upstream_request_headers,
 )
 from proxy.mcp.wire.jsonrpc import InvalidBody, parse_body
-from proxy.mcp.wire.sse import SSE_HEADERS, format_comment, format_event
 from proxy.state import CONFIG
 
 __all__ = ["setup_mcp"]
-
-_KEEPALIVE_S = 15.0
-LAST_EVENT_ID_HEADER = "Last-Event-ID"
 
 
 def setup_mcp(
@@ -207,9 +206,9 @@ async def _get(request: web.Request) -> web.StreamResponse:
     spec = _upstream(request)
     if isinstance(spec, web.Response):
         return spec
-    resumed = _recorded_stream(request, spec)
+    resumed = recorded_stream(request, spec)
     if resumed is not None:
-        return await _replay(request, *resumed)
+        return await replay(request, *resumed)
     if spec.kind == "mcp_http":
         return await _relay_http(request, spec, "GET")
     if (refusal := _stdio_session_error(request, spec)) is not None:
@@ -233,78 +232,7 @@ async def _get(request: web.Request) -> web.StreamResponse:
         )
     if process.get_stream_open:
         return web.Response(status=409, text="This session already has a GET stream open")
-    return await _unsolicited_stream(request, process)
-
-
-async def _unsolicited_stream(request: web.Request, process: StdioProcess) -> web.StreamResponse:
-    """A stdio session's GET stream: what the process says outside any request, until it ends.
-
-    The client leaving is noticed at once (the disconnect watcher), not at the next keep-alive,
-    so that a client reconnecting is not refused 409 for a stream that is already gone.
-    """
-    process.get_stream_open = True
-    gone = ClientGone()
-    try:
-        stream = web.StreamResponse(status=200, headers=SSE_HEADERS)
-        await stream.prepare(request)
-        with (
-            _transport(request).watcher.watch(request, gone),
-            contextlib.suppress(ConnectionError, RuntimeError),
-        ):
-            while process.alive and not gone.is_set():
-                message = await _unless_gone(process.next_unsolicited(_KEEPALIVE_S), gone)
-                if gone.is_set():
-                    break
-                await stream.write(format_event(message) if message else format_comment())
-            else:
-                await stream.write_eof()
-        return stream
-    finally:
-        process.get_stream_open = False
-
-
-async def _unless_gone(waiting: Awaitable[bytes | None], gone: ClientGone) -> bytes | None:
-    """`await waiting`, or None as soon as `gone` is set."""
-    try:
-        with cancelled_when(gone) as trip:
-            return await waiting
-    except asyncio.CancelledError:
-        if trip is not None and trip.absorb():
-            return None
-        raise
-
-
-def _recorded_stream(request: web.Request, spec: UpstreamSpec) -> tuple[StreamRecord, int] | None:
-    """The stream a `Last-Event-ID` resumes, if the proxy wrote it (else None)."""
-    last_event_id = request.headers.get(LAST_EVENT_ID_HEADER)
-    session_id = request.headers.get(MCP_SESSION_ID_HEADER)
-    if not last_event_id or not session_id:
-        return None
-    return _transport(request).streams.find(stream_key(spec.name, session_id), last_event_id)
-
-
-async def _replay(request: web.Request, record: StreamRecord, index: int) -> web.StreamResponse:
-    """Resume a stream the proxy wrote: the events after `index`, then the rest as it comes."""
-    stream = web.StreamResponse(status=200, headers=SSE_HEADERS)
-    await stream.prepare(request)
-    gone = ClientGone()
-    with (
-        _transport(request).watcher.watch(request, gone),
-        contextlib.suppress(ConnectionError, RuntimeError),
-    ):
-        while not gone.is_set():
-            frames = record.frames[index:]
-            index += len(frames)
-            for _, frame in frames:
-                await stream.write(frame)
-            if record.done and index >= len(record.frames):
-                await stream.write_eof()
-                break
-            before = len(record.frames)
-            await _unless_gone(record.wait_changed(_KEEPALIVE_S), gone)
-            if len(record.frames) == before and not record.done and not gone.is_set():
-                await stream.write(format_comment())
-    return stream
+    return await unsolicited_stream(request, process)
 
 
 async def _delete(request: web.Request) -> web.StreamResponse:

@@ -8,8 +8,9 @@ Two ways to forward a client POST:
   `tools/call`, and for GET streams and DELETE.
 - `exchange_http` sends one request and returns its final JSON-RPC response as a `WireMessage`,
   relaying the upstream's intermediate messages meanwhile. Used for `tools/call` (the pipeline's
-  `send_upstream`) and for batch elements. It raises the `proxy.errors` tree, mapped here in one
-  place from aiohttp's exceptions.
+  `send_upstream`) and for batch elements; an event-stream answer is read by
+  `proxy.mcp.upstreams.sse_answers.SseAnswer` (which resumes a stream the server closed). It
+  raises the `proxy.errors` tree, mapped here in one place from aiohttp's exceptions.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from proxy.errors import (
     UpstreamTimeout,
 )
 from proxy.mcp.upstreams.relay import Relay, cancelled_when
+from proxy.mcp.upstreams.sse_answers import SseAnswer, is_sse
 from proxy.mcp.wire.headers import client_response_headers
 from proxy.mcp.wire.jsonrpc import WireMessage, id_key, read_upstream_message
-from proxy.mcp.wire.sse import SSE_HEADERS, SseEvent, SseParser
+from proxy.mcp.wire.sse import SSE_HEADERS, SseParser
 
 __all__ = ["PRESSURE_STATUSES", "HttpUpstreams", "ResponseTap", "exchange_http", "relay_http"]
 
@@ -81,10 +83,6 @@ async def _mapped_errors(spec: UpstreamSpec) -> AsyncIterator[None]:
         raise UpstreamNotReached(f"{spec.name}: cannot connect ({exc})") from exc
     except (aiohttp.ClientError, OSError) as exc:
         raise UpstreamLost(f"{spec.name}: connection lost ({exc!r})") from exc
-
-
-def _is_sse(response: aiohttp.ClientResponse) -> bool:
-    return response.content_type == "text/event-stream"
 
 
 class ResponseTap:
@@ -145,16 +143,16 @@ async def relay_http(
         if on_start is not None:
             on_start(upstream.status, upstream.headers)
         out_headers = client_response_headers(upstream.headers, keep_encoding=True)
-        tapper = ResponseTap(tap, sse=_is_sse(upstream)) if tap is not None else None
+        tapper = ResponseTap(tap, sse=is_sse(upstream)) if tap is not None else None
         length = upstream.content_length
-        if not _is_sse(upstream) and length is not None and length <= _JSON_BODY_CAP:
+        if not is_sse(upstream) and length is not None and length <= _JSON_BODY_CAP:
             async with _mapped_errors(spec):
                 data = await upstream.read()
             if tapper is not None:
                 tapper.feed(data)
                 tapper.close()
             return web.Response(status=upstream.status, body=data, headers=out_headers)
-        if _is_sse(upstream):
+        if is_sse(upstream):
             out_headers.update(SSE_HEADERS)
         response = web.StreamResponse(status=upstream.status, headers=out_headers)
         await response.prepare(request)
@@ -248,9 +246,9 @@ async def _exchange(
         if relay_start is not None:
             relay_start(upstream.headers)
         async with _mapped_errors(spec):
-            if not _is_sse(upstream):
+            if not is_sse(upstream):
                 return _json_answer(spec, await upstream.read(), request_id)
-            stream = _SseAnswer(spec, request_id, relay)
+            stream = SseAnswer(spec, request_id, relay)
             if (answer := await stream.read(upstream)) is not None:
                 return answer
     # The stream ended after giving an event id: the request arrived and the server let go of the
@@ -270,86 +268,3 @@ def _json_answer(spec: UpstreamSpec, data: bytes, request_id: Any) -> WireMessag
     if message is None or id_key(message.get("id")) != id_key(request_id):
         raise UpstreamLost(f"{spec.name}: the JSON answer is not the response to this request")
     return message
-
-
-class _SseAnswer:
-    """Reads one request's event stream up to its response, resuming it when the server closes it.
-
-    Every event before the response is relayed as the upstream framed it (priming events and ids
-    included). When the stream ends without the response after an event id, the request is
-    resumed as a client would: after the server's `retry` delay, `GET` with `Last-Event-ID`.
-    """
-
-    def __init__(self, spec: UpstreamSpec, request_id: Any, relay: Relay) -> None:
-        self._spec = spec
-        self._wanted = id_key(request_id)
-        self._relay = relay
-        self.last_event_id: str | None = None
-        self._retry_ms: int | None = None
-
-    async def read(self, upstream: aiohttp.ClientResponse) -> WireMessage | None:
-        """The response, or None when the stream ended resumably without it.
-
-        Raises:
-            UpstreamLost: the stream ended without the response and without an event id.
-        """
-        parser = SseParser()
-        async for chunk in upstream.content.iter_any():
-            for event in parser.feed(chunk):
-                answer = await self._take(event)
-                if answer is not None:
-                    return answer
-        if self.last_event_id is None:
-            raise UpstreamLost(f"{self._spec.name}: the event stream ended without the response")
-        return None
-
-    async def _take(self, event: SseEvent) -> WireMessage | None:
-        if event.comment:
-            await self._relay.comment(event.raw)
-            return None
-        if event.id is not None:
-            self.last_event_id = event.id
-        if event.retry is not None:
-            self._retry_ms = event.retry
-        message = read_upstream_message(event.data) if event.data else None
-        if message is not None and self._is_answer(message):
-            return WireMessage(message, message.raw, frame=event.raw, event_id=event.id)
-        if event.data and message is None:
-            return None  # not JSON-RPC: nothing a client could use
-        await self._relay.event(event.raw, event.id)
-        return None
-
-    def _is_answer(self, message: WireMessage) -> bool:
-        return "method" not in message and id_key(message.get("id")) == self._wanted
-
-    async def resume(
-        self, session: aiohttp.ClientSession, headers: Mapping[str, str]
-    ) -> WireMessage:
-        """Follow the stream with `GET` + `Last-Event-ID` until the response arrives.
-
-        Raises:
-            UpstreamLost: the server refused the resumption or ended it without any new event.
-        """
-        assert self._spec.url is not None
-        get_headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
-        get_headers["accept"] = "text/event-stream"
-        while True:
-            await asyncio.sleep((self._retry_ms if self._retry_ms is not None else 1000) / 1000)
-            assert self.last_event_id is not None
-            get_headers["last-event-id"] = self.last_event_id
-            before = self.last_event_id
-            async with session.get(
-                self._spec.url, headers=get_headers, allow_redirects=False
-            ) as upstream:
-                if upstream.status != 200 or not _is_sse(upstream):
-                    raise UpstreamLost(
-                        f"{self._spec.name}: resuming the event stream was refused "
-                        f"(HTTP {upstream.status})"
-                    )
-                answer = await self.read(upstream)
-            if answer is not None:
-                return answer
-            if self.last_event_id == before:
-                raise UpstreamLost(
-                    f"{self._spec.name}: the resumed event stream ended without new events"
-                )
