@@ -19,8 +19,8 @@ demo: $(STAMP)
 	$(BIN)/interlock demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/ruff check --no-cache .
+	$(BIN)/ruff format --no-cache --check .
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

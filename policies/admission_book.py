@@ -273,6 +273,10 @@ class AdmissionBook:
         """Remaining cooldown per upstream, for those still cooling."""
         return {u: end - now for u, end in self._cooldown_until.items() if end > now}
 
+    def paused_scopes(self) -> frozenset[str]:
+        """The scopes an operator paused."""
+        return frozenset(self._paused)
+
     def pause(self, scope: str) -> None:
         """Refuse new calls touching `scope` (reason "paused") until `resume`."""
         self._paused.add(scope)

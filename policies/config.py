@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from policies.config_checks import DEFAULT_CLASSES, check_config, merged_classes
 from policies.config_schema import ConfigIn, LimitsIn, ToolRuleIn, UpstreamIn
 from policies.config_yaml import MISSING, ConfigError, KeyPath, Loader, Reporter, dig, line_map
+from policies.edge import normalised
 from policies.model import (
     WORK_CLASSES,
     AdminSettings,
@@ -25,6 +26,7 @@ from policies.model import (
     ClassBand,
     Config,
     Defaults,
+    EdgeSettings,
     KeyRecipe,
     LedgerSettings,
     Limits,
@@ -44,7 +46,17 @@ _DEFAULT_LIMITS = {
     "run": LimitsIn(max_running=8),
 }
 _ENV_SECTIONS = ("admin", "ledger", "telemetry", "defaults", "budgets")
-_ENV_TOP_LEVEL = ("listen", "mode", "max_body_bytes", "retry_after_cap_s", "shutdown_grace_s")
+_ENV_TOP_LEVEL = (
+    "listen",
+    "mode",
+    "max_body_bytes",
+    "retry_after_cap_s",
+    "shutdown_grace_s",
+    "max_batch",
+    "max_connections",
+    "client_header_timeout_s",
+    "client_body_timeout_s",
+)
 _INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -265,6 +277,14 @@ def _build(
         tools=tuple(_build_rule(i, rule) for i, rule in enumerate(cfg.tools)),
         budgets=BudgetSettings(tokens=cfg.budgets.tokens, window_s=cfg.budgets.window_s),
         tenant_api_keys=tenant_keys,
+        edge=EdgeSettings(
+            allowed_origins=normalised(cfg.allowed_origins),
+            allowed_hosts=normalised(cfg.allowed_hosts),
+            max_batch=cfg.max_batch,
+            max_connections=cfg.max_connections,
+            header_timeout_s=cfg.client_header_timeout_s,
+            body_timeout_s=cfg.client_body_timeout_s,
+        ),
         max_body_bytes=cfg.max_body_bytes,
         retry_after_cap_s=cfg.retry_after_cap_s,
         shutdown_grace_s=cfg.shutdown_grace_s,

@@ -60,6 +60,7 @@ class TelemetryIn(_Strict):
     enabled: bool = True
     max_queue_size: PositiveInt = 2048
     export_timeout_s: PositiveFloat = 5.0
+    metrics_token_env: str = "INTERLOCK_METRICS_TOKEN"
 
 
 class DefaultsIn(_Strict):
@@ -139,3 +140,9 @@ class ConfigIn(_Strict):
     max_body_bytes: PositiveInt = 4 * 1024 * 1024
     retry_after_cap_s: PositiveFloat = 300.0
     shutdown_grace_s: NonNegativeFloat = 10.0
+    allowed_origins: list[str] = Field(default_factory=list)
+    allowed_hosts: list[str] = Field(default_factory=list)
+    max_batch: PositiveInt = 64
+    max_connections: PositiveInt = 1024
+    client_header_timeout_s: PositiveFloat = 10.0
+    client_body_timeout_s: PositiveFloat = 30.0

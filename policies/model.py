@@ -17,6 +17,7 @@ __all__ = [
     "ClassBand",
     "Config",
     "Defaults",
+    "EdgeSettings",
     "KeyRecipe",
     "LedgerSettings",
     "Limits",
@@ -81,11 +82,31 @@ class TelemetrySettings:
     enabled: bool = True
     max_queue_size: int = 2048
     export_timeout_s: float = 5.0
+    metrics_token_env: str = "INTERLOCK_METRICS_TOKEN"
+    """When this environment variable is set, `/metrics` needs `Authorization: Bearer <it>`."""
 
 
 @dataclass(frozen=True, slots=True)
 class AdminSettings:
     token_env: str = "INTERLOCK_ADMIN_TOKEN"
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeSettings:
+    """What the edge accepts and how long it waits for slow clients (DESIGN "Edges")."""
+
+    allowed_origins: tuple[str, ...] = ()
+    """Browser origins allowed on /mcp, /http, /admin (lower case, no trailing slash)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host values besides the listen address and loopback (`name` or `name:port`; `*` = any)."""
+    max_batch: int = 64
+    """JSON-RPC batch elements at most."""
+    max_connections: int = 1024
+    """Client connections open at once; beyond it a new connection gets 503 and is closed."""
+    header_timeout_s: float = 10.0
+    """A connection must send a complete request head within this (also the keep-alive idle)."""
+    body_timeout_s: float = 30.0
+    """A request body must arrive within this once its head is in."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +219,7 @@ class Config:
     tools: tuple[ToolRule, ...] = ()
     budgets: BudgetSettings = BudgetSettings()
     tenant_api_keys: Mapping[str, str] = field(default_factory=dict)
+    edge: EdgeSettings = EdgeSettings()
     max_body_bytes: int = 4 * 1024 * 1024
     retry_after_cap_s: float = 300.0
     shutdown_grace_s: float = 10.0

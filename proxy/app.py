@@ -16,7 +16,9 @@ from aiohttp import web
 from ledger import LedgerError, LedgerStore
 from policies.budget import RetryBudgets
 from policies.model import Config
+from proxy.edge import edge_guard
 from proxy.http.routes import setup_http
+from proxy.listener import setup_body_watch
 from proxy.mcp import catalog
 from proxy.mcp.transport.routes import setup_mcp
 from proxy.ops import admin, health
@@ -47,7 +49,7 @@ def default_replica_id() -> str:
 
 def create_app(config: Config, *, replica_id: str | None = None) -> web.Application:
     """Build the proxy application for `config` (nothing is opened until the app starts)."""
-    app = web.Application(client_max_size=config.max_body_bytes)
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[edge_guard])
     app[CONFIG] = config
     app[REPLICA_ID] = replica_id or default_replica_id()
     app[RUNTIME] = Runtime()
@@ -57,6 +59,7 @@ def create_app(config: Config, *, replica_id: str | None = None) -> web.Applicat
     app.cleanup_ctx.append(_ledger_ctx)
     app.on_shutdown.append(_begin_shutdown)
     catalog.setup(app)
+    setup_body_watch(app)
     health.setup(app)
     admin.setup(app)
     setup_metrics(app)

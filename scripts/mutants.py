@@ -149,6 +149,19 @@ MUTANTS = (
         why="a call that may have acted is re-sent blindly",
     ),
     Mutant(
+        name="close the ledger under a finish in flight",
+        path="ledger/store.py",
+        module="ledger.store",
+        edits=(("        await self._finishing.drain(_FINISH_DRAIN_S)\n", "        pass\n"),),
+        tests=(
+            "tests/integration/test_mcp_upstream_answers.py::"
+            "test_a_finish_interrupted_by_shutdown_still_lands",
+            "tests/integration/test_http_upstream_answers.py::"
+            "test_a_finish_interrupted_by_shutdown_still_lands",
+        ),
+        why="an answered side effect is left running at shutdown and expires into unknown",
+    ),
+    Mutant(
         name="fingerprint without the operation",
         path="policies/keys.py",
         module="policies.keys",

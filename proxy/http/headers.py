@@ -22,10 +22,11 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-# Headers of the caller that describe the connection to the proxy, not the request itself.
-_REQUEST_ONLY_HERE = frozenset({"host", "content-length", "expect"})
+# Headers of the caller that describe the connection to the proxy, not the request itself; a
+# browser's `Origin` was judged at the edge (`allowed_origins`): upstream, the proxy is the client.
+_REQUEST_ONLY_HERE = frozenset({"host", "content-length", "expect", "origin"})
 _CONTROL_PREFIX = "x-interlock-"
-_CALLER_CREDENTIALS = frozenset({"authorization", "x-api-key", "cookie", "origin"})
+_CALLER_CREDENTIALS = frozenset({"authorization", "x-api-key", "cookie"})
 
 
 def _connection_tokens(headers: Iterable[tuple[str, str]]) -> set[str]:
@@ -45,11 +46,11 @@ def request_headers(
 ) -> CIMultiDict[str]:
     """Headers for the upstream request: the caller's end-to-end headers plus the configured ones.
 
-    Hop-by-hop headers (and any the caller's `Connection` names), `Host`, `Content-Length` and the
-    proxy's own `X-Interlock-*` control headers are dropped; configured headers replace the
-    caller's of the same name. `identity_encoding` asks the upstream for an uncompressed body
-    (used when the proxy must read token usage from it). `drop_credentials` removes the
-    caller's `Authorization` / `x-api-key`, `Cookie` and `Origin` (when callers' API keys name
+    Hop-by-hop headers (and any the caller's `Connection` names), `Host`, `Origin`, `Content-
+    Length` and the proxy's own `X-Interlock-*` control headers are dropped; configured headers
+    replace the caller's of the same name. `identity_encoding` asks the upstream for an
+    uncompressed body (used when the proxy must read token usage from it). `drop_credentials`
+    removes the caller's `Authorization` / `x-api-key` and `Cookie` (when callers' API keys name
     tenants, those keys are the proxy's, never the upstream's).
     """
     pairs = list(incoming)

@@ -22,6 +22,7 @@ from policies import answers
 from policies.answers import CODE_INVALID_REQUEST, CODE_PARSE_ERROR, Answer
 from policies.attributes import BadAttribute, read_attributes
 from policies.classify import classify_http
+from policies.json_limits import MAX_JSON_DEPTH, nests_deeper_than
 from policies.token_budget import TokenBudget
 from proxy.http.downstream import Downstream
 from proxy.http.paths import UnsafePath, split_route, upstream_target
@@ -177,10 +178,12 @@ async def _read_capped(request: web.Request, cap: int) -> bytes | None:
 def _parse_json(body: bytes, must_be_object: bool) -> tuple[Any, Answer | None]:
     try:
         payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         return None, _bad(
             "invalid_json", f"The request body is not valid JSON: {exc}.", code=CODE_PARSE_ERROR
         )
+    if nests_deeper_than(payload, raw=body):
+        return None, _bad("too_deep", f"The request nests JSON more than {MAX_JSON_DEPTH} deep.")
     if must_be_object and not isinstance(payload, dict):
         return None, _bad("invalid_request", "A model API request body must be a JSON object.")
     return payload, None

@@ -40,6 +40,8 @@ def _jsonable(value: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
+    if isinstance(value, set | frozenset):
+        return sorted(_jsonable(v) for v in value)
     return value
 
 
@@ -58,6 +60,12 @@ async def _guard(
     denied = _check_access(request)
     if denied is not None:
         return denied
+    if request.method == "POST" and request.content_type != "application/json":
+        # A browser can send a cross-site POST without a preflight only as a "simple" request
+        # (text/plain, form data, or no body): requiring JSON makes every admin write preflighted.
+        return _error(
+            415, "unsupported_media_type", "admin POSTs need Content-Type: application/json"
+        )
     try:
         return await handler(request)
     except _LedgerDown as exc:
@@ -98,7 +106,9 @@ async def stats(request: web.Request) -> web.Response:
     snapshot = request.app[SCHEDULER].snapshot()
     body: dict[str, Any] = {"scheduler": _jsonable(snapshot)}
     store = request.app[LEDGER].store
-    if store is not None:
+    if store is None:
+        body["ledger_error"] = request.app[LEDGER].error
+    else:
         try:
             body["ledger"] = await store.count_by_state()
         except LedgerError as exc:

@@ -9,8 +9,6 @@ import os
 import signal
 import sys
 
-from aiohttp import web
-
 from policies.config import ConfigError, load_config
 from policies.model import Config, LedgerSettings
 from proxy.ops.ledger_cli import add_ledger_parser, run_ledger_command
@@ -69,15 +67,19 @@ def ledger_settings(args: argparse.Namespace) -> LedgerSettings:
 
 async def _serve(config: Config) -> None:
     from proxy.app import create_app  # imported here: the ledger command must not need aiohttp app
+    from proxy.listener import start_runner
 
     app = create_app(config)
     # No access log: every call is a span and a metric already, and the log line costs ~10 % CPU.
-    runner = web.AppRunner(
-        app, handle_signals=False, shutdown_timeout=config.shutdown_grace_s, access_log=None
+    runner = await start_runner(
+        app,
+        config,
+        config.listen_host,
+        config.listen_port,
+        handle_signals=False,
+        shutdown_timeout=config.shutdown_grace_s,
+        access_log=None,
     )
-    await runner.setup()
-    site = web.TCPSite(runner, config.listen_host, config.listen_port)
-    await site.start()
     addresses = ", ".join(f"http://{host}:{port}" for host, port, *_ in runner.addresses)
     print(f"interlock: listening on {addresses}", flush=True)
     stop = asyncio.Event()
@@ -91,7 +93,10 @@ async def _serve(config: Config) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from proxy.telemetry.logs import install_log_filters
     from proxy.telemetry.sdk import configure_telemetry
+
+    install_log_filters()
 
     config = load_config(_config_path(args))
     telemetry = configure_telemetry(config.telemetry, enabled=config.telemetry.enabled)

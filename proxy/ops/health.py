@@ -1,4 +1,7 @@
-"""Liveness and readiness: `/healthz` is up while the process runs; `/readyz` checks the ledger."""
+"""Liveness and readiness: `/healthz` is up while the process runs; `/readyz` checks the ledger.
+
+Both answer without authentication (probes), so they say only the state, never a database error.
+"""
 
 from __future__ import annotations
 
@@ -20,14 +23,14 @@ async def readyz(request: web.Request) -> web.Response:
     if app[RUNTIME].shutting_down:
         return web.json_response({"status": "shutting_down"}, status=503)
     handle = app[LEDGER]
+    # The database's own error text (addresses, user names) is for the log and /admin/stats:
+    # /readyz answers anyone who can reach the port.
     if handle.store is None:
-        return web.json_response(
-            {"status": "ledger_unavailable", "detail": handle.error}, status=503
-        )
+        return web.json_response({"status": "ledger_unavailable"}, status=503)
     try:
         await handle.store.ping()
-    except LedgerError as exc:
-        return web.json_response({"status": "ledger_unavailable", "detail": str(exc)}, status=503)
+    except LedgerError:
+        return web.json_response({"status": "ledger_unavailable"}, status=503)
     return web.json_response({"status": "ready"})
 
 

@@ -61,6 +61,7 @@ class SchedulerSnapshot:
     cooldowns: Mapping[str, float]
     waiting_for_cooldown: int
     stopping: bool
+    paused: frozenset[str] = frozenset()
 
 
 class Slot:
@@ -347,4 +348,5 @@ class Scheduler:
             cooldowns=self._book.cooldowns(now),
             waiting_for_cooldown=self._book.holds_count(),
             stopping=self._book.stopping,
+            paused=self._book.paused_scopes(),
         )

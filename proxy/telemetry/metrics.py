@@ -1,6 +1,7 @@
 """Metric instruments over the OpenTelemetry *API*; the Prometheus reader is attached at start-up.
 
-Call sites use these small functions so instrument names live in one place. Gauges of current
+Call sites use these small functions so instrument names live in one place, and every label
+value passes `proxy.telemetry.labels` (bounded in length, characters and number). Gauges of current
 state (queue depth, oldest wait, running, cooldowns, ledger entries by state) are observed at
 scrape time from the `StateReading` sources registered with `add_state_source` (see
 `proxy.telemetry.metrics_route`, which registers one per running application).
@@ -14,12 +15,15 @@ Prometheus names (dots become underscores; counters get `_total`, seconds get `_
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
+
+from proxy.telemetry import labels
 
 __all__ = [
     "LEDGER_STATES",
@@ -101,15 +105,21 @@ def _observe(
     return callback
 
 
-def _per(key: str, values: Mapping[str, float]) -> list[tuple[Mapping[str, str], float]]:
-    return [({key: name}, value) for name, value in values.items()]
+def _per_scope(
+    values: Mapping[str, float], combine: Callable[[float, float], float] = operator.add
+) -> list[tuple[Mapping[str, str], float]]:
+    return labels.folded("scope", values, labels.scope, combine)
+
+
+def _per_upstream(values: Mapping[str, float]) -> list[tuple[Mapping[str, str], float]]:
+    return labels.folded("upstream", values, lambda name: labels.bounded("upstream", name), max)
 
 
 def _ledger_entries(r: StateReading) -> list[tuple[Mapping[str, str], float]]:
     if r.ledger_entries is None:
         return []
     counts = dict.fromkeys(LEDGER_STATES, 0) | dict(r.ledger_entries)
-    return _per("state", counts)
+    return [({"state": state}, value) for state, value in counts.items()]
 
 
 class _Instruments:
@@ -157,19 +167,19 @@ class _Instruments:
         g = meter.create_observable_gauge
         g(
             "interlock.queue.depth",
-            [_observe(lambda r: _per("scope", r.queue_depth))],
+            [_observe(lambda r: _per_scope(r.queue_depth))],
             "{call}",
             "Calls waiting for admission, per scope",
         )
         g(
             "interlock.queue.oldest_wait",
-            [_observe(lambda r: _per("scope", r.oldest_wait_s))],
+            [_observe(lambda r: _per_scope(r.oldest_wait_s, max))],
             "s",
             "Age of the oldest call waiting for admission, per scope",
         )
         g(
             "interlock.running",
-            [_observe(lambda r: _per("scope", r.running))],
+            [_observe(lambda r: _per_scope(r.running))],
             "{call}",
             "Calls admitted and not finished, per scope",
         )
@@ -177,8 +187,8 @@ class _Instruments:
             "interlock.upstream.cooldown_active",
             [
                 _observe(
-                    lambda r: _per(
-                        "upstream", {u: float(s > 0) for u, s in r.cooldown_remaining_s.items()}
+                    lambda r: _per_upstream(
+                        {u: float(s > 0) for u, s in r.cooldown_remaining_s.items()}
                     )
                 )
             ],
@@ -187,7 +197,7 @@ class _Instruments:
         )
         g(
             "interlock.upstream.cooldown_remaining",
-            [_observe(lambda r: _per("upstream", r.cooldown_remaining_s))],
+            [_observe(lambda r: _per_upstream(r.cooldown_remaining_s))],
             "s",
             "Seconds left in the upstream's cooldown",
         )
@@ -230,60 +240,73 @@ def bind_meter_provider(provider: MeterProvider | None) -> None:
     Called by `proxy.telemetry.sdk`; nothing else needs it.
     """
     global _instruments
+    labels.reset()  # a new registry starts with a fresh allowance of label values
     _instruments = _Instruments((provider or metrics.NoOpMeterProvider()).get_meter(_SCOPE))
+
+
+def _upstream(name: str) -> str:
+    return labels.bounded("upstream", name)
+
+
+def _refusal_attrs(reason: str, scope: str, upstream: str) -> dict[str, str]:
+    return {
+        "reason": labels.bounded("reason", reason),
+        "scope": labels.scope(scope),
+        "upstream": _upstream(upstream),
+    }
 
 
 def refusal(reason: str, scope: str, upstream: str) -> None:
     """A call was refused (by admission, cooldown, budget or deadline)."""
-    _instruments.refusals.add(1, {"reason": reason, "scope": scope, "upstream": upstream})
+    _instruments.refusals.add(1, _refusal_attrs(reason, scope, upstream))
 
 
 def admission(decision: str, upstream: str, reason: str | None = None) -> None:
     """An admission decision: admitted | queued | rejected | observed."""
-    attrs = {"decision": decision, "upstream": upstream}
+    attrs = {"decision": decision, "upstream": _upstream(upstream)}
     if reason:
-        attrs["reason"] = reason
+        attrs["reason"] = labels.bounded("reason", reason)
     _instruments.admissions.add(1, attrs)
 
 
 def would_reject(reason: str, scope: str, upstream: str) -> None:
     """Observe mode: enforce mode would have refused this call."""
-    _instruments.would_reject.add(1, {"reason": reason, "scope": scope, "upstream": upstream})
+    _instruments.would_reject.add(1, _refusal_attrs(reason, scope, upstream))
 
 
 def retry(upstream: str) -> None:
     """An upstream attempt after the first."""
-    _instruments.retries.add(1, {"upstream": upstream})
+    _instruments.retries.add(1, {"upstream": _upstream(upstream)})
 
 
 def budget_exhausted(tenant: str) -> None:
     """A call was refused because the tenant's budget is spent."""
-    _instruments.budget.add(1, {"tenant": tenant})
+    _instruments.budget.add(1, {"tenant": labels.bounded("tenant", tenant)})
 
 
 def cooldown_started(upstream: str) -> None:
     """An upstream answered 429/503 and went into cooldown."""
-    _instruments.cooldowns.add(1, {"upstream": upstream})
+    _instruments.cooldowns.add(1, {"upstream": _upstream(upstream)})
 
 
 def idempotency_outcome(outcome: str, upstream: str) -> None:
     """A ledger claim's outcome: new | replayed | in_progress | mismatch | needs_reconciliation."""
-    _instruments.outcomes.add(1, {"outcome": outcome, "upstream": upstream})
+    _instruments.outcomes.add(1, {"outcome": outcome, "upstream": _upstream(upstream)})
 
 
 def first_byte(upstream: str, seconds: float) -> None:
     """From admission to the first byte of the upstream's answer."""
-    _instruments.first_byte.record(seconds, {"upstream": upstream})
+    _instruments.first_byte.record(seconds, {"upstream": _upstream(upstream)})
 
 
 def queue_wait(upstream: str, seconds: float) -> None:
     """How long an admitted call waited in the queue."""
-    _instruments.queue_wait.record(seconds, {"upstream": upstream})
+    _instruments.queue_wait.record(seconds, {"upstream": _upstream(upstream)})
 
 
 def token_usage(upstream: str, model: str | None, input_tokens: int, output_tokens: int) -> None:
     """Model tokens reported by a model API's usage block."""
-    base = {"upstream": upstream, "model": model or "unknown"}
+    base = {"upstream": _upstream(upstream), "model": labels.bounded("model", model or "unknown")}
     if input_tokens:
         _instruments.tokens.add(input_tokens, base | {"direction": "input"})
     if output_tokens:
@@ -300,11 +323,11 @@ def operation_duration(
     transport: str | None = None,
 ) -> None:
     """`mcp.server.operation.duration` of one proxied MCP request (MCP conventions' attributes)."""
-    attrs = {"mcp.method.name": method, "upstream": upstream}
+    attrs = {"mcp.method.name": labels.method(method), "upstream": _upstream(upstream)}
     if error_type:
-        attrs["error.type"] = error_type
+        attrs["error.type"] = labels.bounded("error.type", error_type)
     if tool:
-        attrs["gen_ai.tool.name"] = tool
+        attrs["gen_ai.tool.name"] = labels.bounded("gen_ai.tool.name", tool)
     if transport:
         attrs["network.transport"] = transport
     _instruments.duration.record(seconds, attrs)

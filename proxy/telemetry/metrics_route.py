@@ -12,7 +12,9 @@ called, as in most tests), the application makes a metrics-only one for its own 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -85,6 +87,14 @@ async def _metrics_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
     """Prometheus text format of every Interlock metric."""
+    token = os.environ.get(request.app[CONFIG].telemetry.metrics_token_env)
+    if token:
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise web.HTTPUnauthorized(
+                text="a bearer token is required for /metrics\n",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
     state = request.app[METRICS]
     if state.handle is None:
         raise web.HTTPServiceUnavailable(text="metrics are not set up yet\n")

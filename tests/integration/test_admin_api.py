@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import aiohttp
@@ -76,14 +77,19 @@ async def test_list_show_and_resolve_an_unknown_entry(
 
 
 async def test_readyz_reports_a_ledger_that_is_down(tmp_path: Path):
-    """/healthz stays up while /readyz says why the proxy is not ready."""
+    """/healthz stays up while /readyz says why the proxy is not ready — without the database's
+    own error text (addresses, user names), which only the operator API and the log carry."""
     down = CONFIG.replace('"sqlite:///ledger.db"', '"postgresql+asyncpg://postgres@127.0.0.1:9/x"')
     async with running_proxy(down, tmp_path) as proxy, aiohttp.ClientSession() as http:
         async with http.get(f"{proxy.base}/healthz") as answer:
             assert answer.status == 200
         async with http.get(f"{proxy.base}/readyz") as answer:
             assert answer.status == 503
-            assert (await answer.json())["status"] == "ledger_unavailable"
+            body = await answer.text()
+        assert json.loads(body) == {"status": "ledger_unavailable"}
+        async with http.get(f"{proxy.base}/admin/stats") as answer:
+            stats = await answer.json()
+        assert "Connect call failed" in stats["ledger_error"]
     async with (
         running_proxy(CONFIG, tmp_path) as proxy,
         aiohttp.ClientSession() as http,
@@ -101,17 +107,17 @@ async def test_pause_refuses_new_calls_until_resumed(
 
     monkeypatch.delenv("INTERLOCK_TEST_ADMIN_TOKEN", raising=False)
     async with running_proxy(CONFIG, tmp_path) as proxy, aiohttp.ClientSession() as http:
-        async with http.post(f"{proxy.base}/admin/scopes/tenant:acme/pause") as answer:
+        async with http.post(f"{proxy.base}/admin/scopes/tenant:acme/pause", json={}) as answer:
             assert answer.status == 200
         request = AdmissionRequest(tenant="acme", work_class="interactive", upstream="up")
         with pytest.raises(AdmissionRefused) as refused:
             await proxy.scheduler.admit(request)
         assert refused.value.refusal.reason == "paused"
-        async with http.post(f"{proxy.base}/admin/scopes/tenant:acme/resume") as answer:
+        async with http.post(f"{proxy.base}/admin/scopes/tenant:acme/resume", json={}) as answer:
             assert answer.status == 200
         slot = await proxy.scheduler.admit(request)
         slot.release()
-        async with http.post(f"{proxy.base}/admin/scopes/not a scope/pause") as answer:
+        async with http.post(f"{proxy.base}/admin/scopes/not a scope/pause", json={}) as answer:
             assert answer.status == 400
-        async with http.post(f"{proxy.base}/admin/upstreams/nope/end-cooldown") as answer:
+        async with http.post(f"{proxy.base}/admin/upstreams/nope/end-cooldown", json={}) as answer:
             assert answer.status == 404

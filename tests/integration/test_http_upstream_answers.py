@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from ledger import LedgerStore
-from proxy.state import RUNTIME
 from tests.integration import fake_provider
 from tests.integration.fake_provider import FakeProvider, wait_until
 from tests.integration.http_calls import post, settled
@@ -118,14 +117,13 @@ async def test_a_finish_interrupted_by_shutdown_still_lands(
         monkeypatch.setattr(proxy.store, "finish", slow_finish)
         caller = asyncio.create_task(post(proxy, {"n": 1}, "fin-1", path=ACTIONS))
         await wait_until(writing.is_set)
-        runtime = proxy.app[RUNTIME]
+        real_close = proxy.store.close
 
-        async def release_once_shutting_down() -> None:
-            await wait_until(lambda: runtime.shutting_down)
-            may_write.set()
+        async def close_while_writing() -> None:
+            may_write.set()  # the finish is still in flight as the ledger starts closing
+            await real_close()
 
-        releasing = asyncio.create_task(release_once_shutting_down())
-    await releasing
+        monkeypatch.setattr(proxy.store, "close", close_while_writing)
     caller.cancel()
     await asyncio.gather(caller, return_exceptions=True)
     store = await LedgerStore.open(proxy.config.ledger, owner="test")

@@ -207,13 +207,13 @@ async def test_cancelling_a_legacy_call_forwards_the_cancellation(
 async def test_only_allowed_headers_reach_the_upstream(
     proxy: RunningProxy, http: aiohttp.ClientSession, sse_upstream: RunningUpstream
 ):
-    """Host, Origin, cookies and the proxy's own headers stay behind; the call still works."""
+    """Host, cookies and the proxy's own headers stay behind; the call still works (a foreign
+    Origin is refused at the edge, and an allowed one is not forwarded: test_browser_guard)."""
     raw = RawMcp(http, proxy.mcp_url("sse"))
     await raw.initialize()
     answer = await raw.post(
         {"jsonrpc": "2.0", "id": 9, "method": "tools/list"},
         {
-            "Origin": "http://attacker.example",
             "Cookie": "secret=1",
             "X-Interlock-Tenant": "acme",
             "Idempotency-Key": "k",
@@ -225,7 +225,7 @@ async def test_only_allowed_headers_reach_the_upstream(
     assert seen["host"] == f"127.0.0.1:{sse_upstream.port}"
     assert seen["mcp-session-id"] == raw.session_id
     assert seen["mcp-protocol-version"] == LEGACY
-    for name in ("origin", "cookie", "x-interlock-tenant", "idempotency-key", "x-custom"):
+    for name in ("cookie", "x-interlock-tenant", "idempotency-key", "x-custom"):
         assert name not in seen
     assert seen["accept-encoding"] == "identity"
 

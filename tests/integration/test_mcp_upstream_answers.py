@@ -15,7 +15,6 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from ledger import LedgerStore
-from proxy.state import RUNTIME
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import RawMcp
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
@@ -208,14 +207,13 @@ async def test_a_finish_interrupted_by_shutdown_still_lands(
             call_once(proxy.mcp_url("up"), "charge", {"amount": 8}, "fin-1")
         )
         await wait_until(writing.is_set)
-        runtime = proxy.app[RUNTIME]
+        real_close = proxy.store.close
 
-        async def release_once_shutting_down() -> None:
-            await wait_until(lambda: runtime.shutting_down)
-            may_write.set()
+        async def close_while_writing() -> None:
+            may_write.set()  # the finish is still in flight as the ledger starts closing
+            await real_close()
 
-        releasing = asyncio.create_task(release_once_shutting_down())
-    await releasing  # the proxy has shut down while the finish was being written
+        monkeypatch.setattr(proxy.store, "close", close_while_writing)
     client_call.cancel()
     await asyncio.gather(client_call, return_exceptions=True)
     store = await LedgerStore.open(proxy.config.ledger, owner="test")

@@ -8,6 +8,8 @@ import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
+import pytest
 from aiohttp import ClientSession, web
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -19,6 +21,7 @@ from proxy.runtime.scheduler import Scheduler
 from proxy.state import CONFIG, LEDGER, SCHEDULER, LedgerHandle
 from proxy.telemetry import metrics
 from proxy.telemetry.metrics_route import METRICS, setup_metrics
+from tests.integration.proxy_harness import running_proxy
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -207,3 +210,30 @@ async def test_counters_are_scoped_to_the_application(tmp_path: Path) -> None:
             samples = await scrape(url)
         labels = (("reason", "overloaded"), ("scope", "global"), ("upstream", "mail"))
         assert samples[("interlock_admission_refusals_total", labels)] == expected
+
+
+async def test_metrics_token_is_required_when_its_variable_is_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """`/metrics` lists tenant and run names: with the token variable set it answers 401
+    without the bearer token and 200 with it; without the variable it stays open."""
+    config = """
+        ledger: {url: "sqlite:///ledger.db"}
+        telemetry: {metrics_token_env: INTERLOCK_TEST_METRICS_TOKEN}
+        upstreams:
+          up: {mcp: "http://127.0.0.1:9/mcp"}
+    """
+    monkeypatch.setenv("INTERLOCK_TEST_METRICS_TOKEN", "scrape-me")
+    async with running_proxy(config, tmp_path) as proxy, aiohttp.ClientSession() as http:
+        async with http.get(f"{proxy.base}/metrics") as answer:
+            assert answer.status == 401
+        right = {"Authorization": "Bearer scrape-me"}
+        async with http.get(f"{proxy.base}/metrics", headers=right) as answer:
+            assert answer.status == 200
+    monkeypatch.delenv("INTERLOCK_TEST_METRICS_TOKEN")
+    async with (
+        running_proxy(config, tmp_path) as proxy,
+        aiohttp.ClientSession() as http,
+        http.get(f"{proxy.base}/metrics") as answer,
+    ):
+        assert answer.status == 200

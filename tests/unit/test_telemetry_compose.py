@@ -46,3 +46,9 @@ def test_prometheus_profile_loads_the_example_alerts() -> None:
     scrape = yaml.safe_load(document["configs"]["prometheus_config"]["content"])
     assert scrape["rule_files"] == ["/etc/prometheus/alerts.yml"]
     assert scrape["scrape_configs"][0]["static_configs"][0]["targets"] == ["interlock:8787"]
+
+
+def test_compose_ships_no_guessable_admin_token() -> None:
+    """The admin token must be set by whoever runs the stack: no default value to guess."""
+    value = compose()["services"]["interlock"]["environment"]["INTERLOCK_ADMIN_TOKEN"]
+    assert value.startswith("${INTERLOCK_ADMIN_TOKEN:?"), value

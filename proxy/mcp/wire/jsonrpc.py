@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from policies.answers import CODE_INVALID_REQUEST, CODE_PARSE_ERROR, Answer, bad_request
+from policies.json_limits import MAX_JSON_DEPTH, nests_deeper_than
 
 __all__ = [
     "Body",
@@ -147,6 +148,10 @@ def parse_body(raw: bytes) -> Body:
         raise InvalidBody(
             bad_request(CODE_PARSE_ERROR, "parse_error", "The request body is not valid JSON.")
         ) from None
+    if nests_deeper_than(value, raw=raw):
+        raise _invalid(
+            "too_deep", f"The request nests JSON more than {MAX_JSON_DEPTH} levels deep."
+        )
     if isinstance(value, list):
         if not value:
             raise _invalid("empty_batch", "An empty JSON-RPC batch is not a valid request.")

@@ -1,0 +1,60 @@
+"""The edge: checks every request to `/mcp`, `/http` and `/admin` before a route sees it.
+
+A browser page must not drive the proxy: a request whose `Origin` is not allowed is refused 403,
+one whose `Host` does not name us (DNS rebinding) 421 — the defence the MCP specification asks of
+every server, done here because the proxy does not forward `Origin` or `Host` upstream (so the
+upstream's own check cannot fire). `/healthz`, `/readyz` and `/metrics` are not guarded: probes
+and scrapers name the pod's address, and they change nothing. The decisions are
+`policies.edge`'s; this module only reads the headers and answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from policies.answers import CODE_INVALID_REQUEST, Answer, bad_request
+from policies.edge import host_allowed, origin_allowed
+from proxy.state import CONFIG
+
+__all__ = ["GUARDED_PREFIXES", "edge_guard"]
+
+GUARDED_PREFIXES = ("/mcp/", "/http/", "/admin")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _refusal(request: web.Request, answer: Answer) -> web.Response:
+    mcp = request.path.startswith("/mcp/")
+    body = answer.jsonrpc_error(None) if mcp else answer.http_body()
+    return web.json_response(body, status=answer.http_status)
+
+
+@web.middleware
+async def edge_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse foreign browser origins (403) and foreign Host names (421) on the guarded routes."""
+    if not request.path.startswith(GUARDED_PREFIXES):
+        return await handler(request)
+    config = request.app[CONFIG]
+    if not host_allowed(request.headers.get("Host"), config.edge, config.listen_host):
+        return _refusal(
+            request,
+            bad_request(
+                CODE_INVALID_REQUEST,
+                "host_not_allowed",
+                "The Host header does not name this proxy (add it to allowed_hosts).",
+                http_status=421,
+            ),
+        )
+    if not origin_allowed(request.headers.get("Origin"), config.edge):
+        return _refusal(
+            request,
+            bad_request(
+                CODE_INVALID_REQUEST,
+                "origin_not_allowed",
+                "Requests from this browser origin are not allowed (see allowed_origins).",
+                http_status=403,
+            ),
+        )
+    return await handler(request)
