@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench lock clean mutants
+.PHONY: demo test lint typecheck unit bench lock clean mutants conformance-tools
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -25,7 +25,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: lint typecheck
+# Node.js 22 and the pinned MCP conformance suite, into .tools/ (tests/conformance/install.sh).
+# Without npm the conformance tests skip locally (CI installs npm first and never skips).
+conformance-tools:
+	@if command -v npm >/dev/null 2>&1; then bash tests/conformance/install.sh >/dev/null; \
+	else echo "npm not found: the MCP conformance tests will be skipped"; fi
+
+test: lint typecheck conformance-tools
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 # Named dangerous mutations of a scratch copy; each must be killed by its tests (scripts/mutants.py).
@@ -40,4 +46,4 @@ lock: | $(BIN)/python
 	$(BIN)/uv pip compile pyproject.toml --extra dev --generate-hashes --universal --python-version 3.11 -q -o requirements.lock
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .tools

@@ -154,6 +154,8 @@ class UpstreamSpec:
     retry: RetrySettings = RetrySettings()
     max_sessions: int = 32
     """stdio upstreams: live handshake-era sessions (one process each) at most."""
+    session_idle_s: float = 300.0
+    """stdio upstreams: a session's process with nothing in flight this long is ended."""
     provider: ProviderKind = "generic"
     """The config key `kind`: which model API an HTTP upstream speaks. Only `openai` and
     `anthropic` upstreams have inference endpoints (and 503/529 that prove "not executed")."""

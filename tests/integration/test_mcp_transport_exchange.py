@@ -25,6 +25,7 @@ from proxy.errors import (
 from proxy.mcp.upstreams.stdio import StdioProcess
 from proxy.mcp.upstreams.streamable_http import HttpUpstreams, exchange_http
 from proxy.mcp.wire.jsonrpc import dumps
+from proxy.mcp.wire.sse import SseParser
 from tests.integration.mcp_proxy_harness import ENVELOPE, MODERN, http_upstream, stdio_upstream
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
 from tests.integration.waiting import wait_until
@@ -40,8 +41,16 @@ class Collected:
     async def message(self, data: bytes) -> None:
         self.messages.append(json.loads(data))
 
+    async def event(self, frame: bytes, event_id: str | None) -> None:
+        for event in SseParser().feed(frame):
+            if event.data:
+                self.messages.append(json.loads(event.data))
+
     async def comment(self, raw: bytes) -> None:
         self.comments.append(raw)
+
+    async def let_go(self) -> None:
+        pass
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from policies.answers import CODE_INVALID_REQUEST, Answer, bad_request
 from policies.model import UpstreamSpec
 from proxy.mcp.catalog import param_headers
 from proxy.mcp.transport.reply import ClientReply, accepts_sse
-from proxy.mcp.transport.sessions import MCP_TRANSPORT, McpTransport
+from proxy.mcp.transport.sessions import MCP_TRANSPORT, McpTransport, stream_key
 from proxy.mcp.upstreams.channels import HttpChannel, StdioChannel, UpstreamChannel
 from proxy.mcp.wire.jsonrpc import dumps
 from proxy.state import CONFIG
@@ -65,8 +65,12 @@ class PostContext:
     def timeout_s(self) -> float:
         return self.spec.timeout_s or self.request.app[CONFIG].defaults.timeout_s
 
-    def reply(self, gone: asyncio.Event) -> ClientReply:
-        return ClientReply(self.request, sse_ok=self.sse_ok, gone=gone)
+    def reply(self, gone: asyncio.Event, *, resumable: bool = False) -> ClientReply:
+        """The client's answer; `resumable`: a request whose event stream may be resumed."""
+        record = None
+        if resumable and self.session_id and not self.modern and self.sse_ok:
+            record = self.transport.streams.open(stream_key(self.spec.name, self.session_id))
+        return ClientReply(self.request, sse_ok=self.sse_ok, gone=gone, record=record)
 
 
 def _session_missing() -> Answered:

@@ -71,7 +71,7 @@ async def _tools_call(
     pc: PostContext, message: Message, outcome: CallOutcome
 ) -> web.StreamResponse:
     gone = ClientGone()
-    reply = pc.reply(gone)
+    reply = pc.reply(gone, resumable=True)
     try:
         channel = await channel_for(pc)
         with pc.transport.watcher.watch(pc.request, gone):
@@ -94,7 +94,7 @@ async def _tools_call(
         outcome.error_type = type(exc).__name__
         return await failure_reply(reply, message.id, exc, pc.spec)
     outcome.response(answer)
-    return await reply.finish(wire_bytes(answer))
+    return await reply.finish_message(answer)
 
 
 # --- HTTP upstreams: raw relay ---
@@ -166,7 +166,7 @@ async def _http_passthrough(
                 return web.Response(status=502)
             return await failure_reply(pc.reply(gone), message.id, exc, pc.spec)
     if response.status == 404:
-        pc.transport.sessions.forget(pc.session_id)
+        pc.transport.forget(pc.spec.name, pc.session_id)
     if response.status >= 400 and outcome.error_type is None:
         outcome.error_type = str(response.status)
     return response
@@ -179,7 +179,7 @@ async def _stdio_passthrough(
     pc: PostContext, message: Message, outcome: CallOutcome
 ) -> web.StreamResponse:
     gone = ClientGone()
-    reply = pc.reply(gone)
+    reply = pc.reply(gone, resumable=message.kind == "request")
     try:
         if message.kind == "request" and message.method == "initialize" and not pc.modern:
             return await _stdio_initialize(pc, message, reply, outcome)
@@ -210,7 +210,7 @@ async def _stdio_passthrough(
     outcome.response(answer)
     if message.method == "tools/list" and isinstance(answer.get("result"), dict):
         learn_tools(pc.app, pc.spec.name, answer["result"])
-    return await reply.finish(wire_bytes(answer))
+    return await reply.finish_message(answer)
 
 
 async def _stdio_initialize(

@@ -16,9 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from aiohttp import web
 
+from proxy.mcp.transport.resumption import StreamRecord
+from proxy.mcp.wire.headers import MCP_SESSION_ID_HEADER
+from proxy.mcp.wire.jsonrpc import WireMessage, wire_bytes
 from proxy.mcp.wire.sse import SSE_HEADERS, format_comment, format_event
 
 __all__ = ["ClientReply", "DisconnectWatcher", "accepts_sse"]
@@ -34,7 +38,13 @@ def accepts_sse(headers: Mapping[str, str]) -> bool:
 
 
 class ClientReply:
-    """One client POST's answer (implements `Relay`)."""
+    """One client POST's answer (implements `Relay`).
+
+    With a `record` (a handshake-era session whose client accepts SSE), every event written gets
+    an id - the upstream's, else one minted here - and is kept in the record, so the client can
+    resume the stream with `GET` + `Last-Event-ID` after losing it; events keep being recorded
+    after the client left.
+    """
 
     def __init__(
         self,
@@ -43,6 +53,7 @@ class ClientReply:
         sse_ok: bool,
         gone: asyncio.Event,
         headers: Mapping[str, str] | None = None,
+        record: StreamRecord | None = None,
     ) -> None:
         self._request = request
         self._sse_ok = sse_ok
@@ -50,6 +61,8 @@ class ClientReply:
         self._headers = dict(headers or {})
         self._stream: web.StreamResponse | None = None
         self._lock = asyncio.Lock()
+        self._record = record if sse_ok else None
+        self._released = False  # the client was let go: the rest goes to the record only
         self.dropped = 0  # intermediate messages a JSON-only client could not receive
 
     @property
@@ -60,56 +73,119 @@ class ClientReply:
         """Add a response header (only effective before the response starts)."""
         self._headers[name] = value
 
+    def upstream_headers(self, headers: Mapping[str, str]) -> None:
+        """The upstream's answer started: its session header goes to the client as well."""
+        for name, value in headers.items():
+            if name.lower() == MCP_SESSION_ID_HEADER:
+                self._headers[name] = value
+
     async def message(self, data: bytes) -> None:
-        await self._write(format_event(data))
+        event_id = self._record.mint_id() if self._record is not None else None
+        await self._write(format_event(data, event_id=event_id), event_id)
+
+    async def event(self, frame: bytes, event_id: str | None) -> None:
+        await self._write(frame, event_id)
 
     async def comment(self, raw: bytes) -> None:
-        await self._write(raw if raw.endswith(b"\n") else format_comment())
+        await self._write(raw if raw.endswith(b"\n") else format_comment(), None, record=False)
 
-    async def _write(self, chunk: bytes) -> None:
+    async def _write(self, chunk: bytes, event_id: str | None, *, record: bool = True) -> None:
         if not self._sse_ok:
             self.dropped += 1
             return
         async with self._lock:
-            if self._gone.is_set():
+            if record and self._record is not None:
+                self._record.append(event_id or self._record.mint_id(), chunk)
+            await self._send(chunk)
+
+    async def let_go(self) -> None:
+        """End the client's stream without the answer, as the upstream ended its own.
+
+        Only when the client can come back for the rest: its stream is recorded, and it got an
+        event id (the stream started). The call goes on; what follows is recorded for the
+        client's `GET` with `Last-Event-ID`.
+        """
+        async with self._lock:
+            if self._record is None or self._stream is None or self._released:
                 return
-            try:
-                if self._stream is None:
-                    stream = web.StreamResponse(
-                        status=200, headers={**self._headers, **SSE_HEADERS}
-                    )
-                    await stream.prepare(self._request)
-                    self._stream = stream
-                await self._stream.write(chunk)
-            except _WRITE_ERRORS:
-                self._gone.set()
+            self._released = True
+            if not self._gone.is_set():
+                try:
+                    await self._stream.write_eof()
+                except _WRITE_ERRORS:
+                    self._gone.set()
+
+    async def _send(self, chunk: bytes) -> None:
+        if self._gone.is_set() or self._released:
+            return
+        try:
+            if self._stream is None:
+                stream = web.StreamResponse(status=200, headers={**self._headers, **SSE_HEADERS})
+                await stream.prepare(self._request)
+                self._stream = stream
+            await self._stream.write(chunk)
+        except _WRITE_ERRORS:
+            self._gone.set()
 
     async def finish(self, data: bytes, *, status: int = 200) -> web.StreamResponse:
         """End the exchange with its final message."""
         return await self.finish_many([data], status=status, batch=False)
+
+    async def finish_message(self, message: Mapping[str, Any]) -> web.StreamResponse:
+        """End with `message`: the upstream's own event frame when it came as one, unchanged.
+
+        An upstream that answered with an event stream is answered with one (SSE stays SSE).
+        """
+        data = wire_bytes(message)
+        if not isinstance(message, WireMessage) or message.frame is None or not self._sse_ok:
+            return await self.finish(data)
+        if data is not message.raw:  # changed on the way: our own frame for the new bytes
+            return await self.finish(data)
+        frame, event_id = message.frame, message.event_id
+        async with self._lock:
+            if self._record is not None:
+                self._record.append(event_id or self._record.mint_id(), frame)
+                self._record.finish()
+            await self._send(frame)
+            return await self._end()
+
+    async def _end(self) -> web.StreamResponse:
+        assert self._stream is not None or self._gone.is_set()
+        if self._stream is None:
+            return web.Response(status=200, headers=self._headers)  # nobody is listening
+        if not self._gone.is_set() and not self._released:
+            try:
+                await self._stream.write_eof()
+            except _WRITE_ERRORS:
+                self._gone.set()
+        return self._stream
 
     async def finish_many(
         self, items: Sequence[bytes], *, status: int = 200, batch: bool = True
     ) -> web.StreamResponse:
         """End with several final messages (a batch): one SSE event each, or one JSON array."""
         async with self._lock:
-            if self._stream is None:
+            if self._stream is None and not (self._gone.is_set() and self._record is not None):
+                if self._record is not None:
+                    self._record.finish()
                 body = b"[" + b",".join(items) + b"]" if batch else items[0]
                 return web.Response(
                     body=body, status=status, content_type=_JSON, headers=self._headers
                 )
-            stream = self._stream
-            if not self._gone.is_set():
-                try:
-                    for item in items:
-                        await stream.write(format_event(item))
-                    await stream.write_eof()
-                except _WRITE_ERRORS:
-                    self._gone.set()
-            return stream
+            for item in items:
+                event_id = self._record.mint_id() if self._record is not None else None
+                frame = format_event(item, event_id=event_id)
+                if self._record is not None and event_id is not None:
+                    self._record.append(event_id, frame)
+                await self._send(frame)
+            if self._record is not None:
+                self._record.finish()
+            return await self._end()
 
     async def accepted(self) -> web.StreamResponse:
         """End with no message at all (only notifications and responses were posted)."""
+        if self._record is not None:
+            self._record.finish()
         if self._stream is not None:
             with contextlib.suppress(*_WRITE_ERRORS):
                 await self._stream.write_eof()

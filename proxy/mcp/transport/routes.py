@@ -11,7 +11,6 @@ upstreams are ever contacted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -21,6 +20,12 @@ from policies.model import UpstreamSpec
 from proxy.errors import UpstreamError
 from proxy.mcp.transport.batch import handle_batch
 from proxy.mcp.transport.context import PostContext, answer_response
+from proxy.mcp.transport.event_streams import (
+    LAST_EVENT_ID_HEADER,
+    recorded_stream,
+    replay,
+    unsolicited_stream,
+)
 from proxy.mcp.transport.post import handle_single
 from proxy.mcp.transport.reply import DisconnectWatcher, accepts_sse
 from proxy.mcp.transport.sessions import MCP_TRANSPORT, McpTransport
@@ -34,21 +39,19 @@ from proxy.mcp.wire.headers import (
     upstream_request_headers,
 )
 from proxy.mcp.wire.jsonrpc import InvalidBody, parse_body
-from proxy.mcp.wire.sse import SSE_HEADERS, format_comment, format_event
 from proxy.state import CONFIG
 
 __all__ = ["setup_mcp"]
 
-_KEEPALIVE_S = 15.0
-
 
 def setup_mcp(
-    app: web.Application, *, stdio_idle_s: float = 300.0, disconnect_poll_s: float = 0.1
+    app: web.Application, *, stdio_idle_s: float | None = None, disconnect_poll_s: float = 0.1
 ) -> None:
     """Add the MCP routes and the transport's cleanup context to `app` (`CONFIG` must be set).
 
-    `stdio_idle_s`: a stdio process with no call in flight and no open GET stream for this long
-    is ended. `disconnect_poll_s`: how often waiting calls check whether their client left.
+    `stdio_idle_s` (tests): overrides every stdio upstream's `session_idle_s`, how long a process
+    with no call in flight and no open GET stream lives. `disconnect_poll_s`: how often waiting
+    calls check whether their client left.
     """
     config = app[CONFIG]
     app[MCP_TRANSPORT] = McpTransport(
@@ -183,7 +186,7 @@ async def _relay_http(request: web.Request, spec: UpstreamSpec, method: str) -> 
         except UpstreamError as exc:
             return _not_reached(exc)
     if (method == "DELETE" and response.status < 300) or response.status == 404:
-        transport.sessions.forget(request.headers.get(MCP_SESSION_ID_HEADER))
+        transport.forget(spec.name, request.headers.get(MCP_SESSION_ID_HEADER))
     return response
 
 
@@ -203,6 +206,9 @@ async def _get(request: web.Request) -> web.StreamResponse:
     spec = _upstream(request)
     if isinstance(spec, web.Response):
         return spec
+    resumed = recorded_stream(request, spec)
+    if resumed is not None:
+        return await replay(request, *resumed)
     if spec.kind == "mcp_http":
         return await _relay_http(request, spec, "GET")
     if (refusal := _stdio_session_error(request, spec)) is not None:
@@ -216,20 +222,17 @@ async def _get(request: web.Request) -> web.StreamResponse:
                 CODE_INVALID_REQUEST, "session_not_found", "No such session.", http_status=404
             )
         )
+    if request.headers.get(LAST_EVENT_ID_HEADER):
+        return _error(
+            bad_request(
+                CODE_INVALID_REQUEST,
+                "unknown_last_event_id",
+                "This session has no event stream with that Last-Event-ID (any more).",
+            )
+        )
     if process.get_stream_open:
         return web.Response(status=409, text="This session already has a GET stream open")
-    process.get_stream_open = True
-    try:
-        stream = web.StreamResponse(status=200, headers=SSE_HEADERS)
-        await stream.prepare(request)
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            while process.alive:
-                message = await process.next_unsolicited(_KEEPALIVE_S)
-                await stream.write(format_event(message) if message else format_comment())
-            await stream.write_eof()
-        return stream
-    finally:
-        process.get_stream_open = False
+    return await unsolicited_stream(request, process)
 
 
 async def _delete(request: web.Request) -> web.StreamResponse:
@@ -249,5 +252,5 @@ async def _delete(request: web.Request) -> web.StreamResponse:
             )
         )
     await transport.stdio.end_session(session_id)
-    transport.sessions.forget(session_id)
+    transport.forget(spec.name, session_id)
     return web.Response(status=200)

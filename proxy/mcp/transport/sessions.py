@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from proxy.mcp.transport.reply import DisconnectWatcher
+from proxy.mcp.transport.resumption import SessionStreams
 from proxy.mcp.upstreams.stdio_pool import StdioUpstreams
 from proxy.mcp.upstreams.streamable_http import HttpUpstreams
 
@@ -23,6 +24,7 @@ __all__ = [
     "McpTransport",
     "SessionInfo",
     "session_info",
+    "stream_key",
 ]
 
 _MAX_SESSIONS = 10_000
@@ -67,6 +69,19 @@ class McpTransport:
     stdio: StdioUpstreams = field(default_factory=StdioUpstreams)
     watcher: DisconnectWatcher = field(default_factory=DisconnectWatcher)
     sessions: SessionRegistry = field(default_factory=SessionRegistry)
+    streams: SessionStreams = field(default_factory=SessionStreams)
+    """What the proxy wrote on each session's event streams, for `Last-Event-ID` resumption."""
+
+    def forget(self, upstream: str, session_id: str | None) -> None:
+        """A session ended (DELETE, or the upstream says it is gone): drop what it kept."""
+        self.sessions.forget(session_id)
+        if session_id:
+            self.streams.forget(stream_key(upstream, session_id))
+
+
+def stream_key(upstream: str, session_id: str) -> str:
+    """Sessions are the upstream's (HTTP) or the proxy's (stdio): keyed per upstream."""
+    return f"{upstream}\x00{session_id}"
 
 
 MCP_TRANSPORT = web.AppKey("mcp_transport", McpTransport)

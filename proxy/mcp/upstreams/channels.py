@@ -46,9 +46,28 @@ class UpstreamChannel(Protocol):
         """Send a notification or a response (raises `UpstreamError` if it cannot be sent)."""
 
 
-def _unchanged(message: JsonObject, raw: bytes | None) -> bool:
-    # Compared with a fresh parse: the pipeline may have edited the client's dict in place.
-    return raw is not None and json.loads(raw) == message
+def _unchanged(message: JsonObject, original: JsonObject | None) -> bool:
+    """Whether `message` says what the client's `original` said (the client's bytes can go).
+
+    An empty `params._meta` the client did not send is no change: it carries nothing, and a
+    forwarded request must not grow fields the client never wrote.
+    """
+    if original is None:
+        return False
+    if message == original:
+        return True
+    params, sent = message.get("params"), original.get("params")
+    if not isinstance(params, dict) or not isinstance(sent, dict) or "_meta" in sent:
+        return False
+    if params.get("_meta") != {}:
+        return False
+    return {**message, "params": {k: v for k, v in params.items() if k != "_meta"}} == original
+
+
+def _parsed(raw: bytes | None) -> JsonObject | None:
+    # A fresh parse: the pipeline may have edited the client's dict in place.
+    value = json.loads(raw) if raw is not None else None
+    return value if isinstance(value, dict) else None
 
 
 class HttpChannel:
@@ -93,15 +112,15 @@ class HttpChannel:
         timeout_s: float,
         cancel: asyncio.Event | None = None,
     ) -> WireMessage:
-        # Compared with a fresh parse: the pipeline may have edited the client's dict in place.
-        original = json.loads(raw) if raw is not None else None
-        body = raw if raw is not None and original == message else dumps(message)
+        original = _parsed(raw)
+        unchanged = raw is not None and _unchanged(message, original)
+        body = raw if raw is not None and unchanged else dumps(message)
         return await exchange_http(
             self._session,
             self._spec,
             request_id=message.get("id"),
             body=body,
-            headers=self._request_headers(message, original),
+            headers=self._request_headers(message, None if unchanged else original),
             relay=relay,
             timeout_s=timeout_s,
             cancel=cancel,
@@ -138,7 +157,7 @@ class StdioChannel:
     ) -> WireMessage:
         return await self._process.exchange(
             message,
-            raw=raw if raw is not None and _unchanged(message, raw) else None,
+            raw=raw if _unchanged(message, _parsed(raw)) else None,
             relay=relay,
             timeout_s=timeout_s,
             cancel=cancel,

@@ -20,8 +20,15 @@ class Relay(Protocol):
     async def message(self, data: bytes) -> None:
         """One intermediate JSON-RPC message (already the bytes the client should get)."""
 
+    async def event(self, frame: bytes, event_id: str | None) -> None:
+        """One server-sent event as the upstream framed it (a message, or a priming event)."""
+
     async def comment(self, raw: bytes) -> None:
         """A keep-alive comment from the upstream's stream."""
+
+    async def let_go(self) -> None:
+        """The upstream closed the stream after an event id, to be resumed (SEP-1699 polling):
+        the client may be let go the same way, if it can resume where the upstream's did."""
 
 
 class ClientGone(asyncio.Event):

@@ -35,6 +35,7 @@ from proxy.mcp.wire.jsonrpc import (
     JsonObject,
     WireMessage,
     dumps,
+    error_response,
     id_key,
     progress_token,
     read_upstream_message,
@@ -60,6 +61,14 @@ class _Pending:
     wire_token: Any = None
     method: str | None = None
     started: float = field(default_factory=time.monotonic)
+
+
+REQUEST_CANCELLED = -32800
+
+
+def _cancelled_answer(request_id: Any) -> WireMessage:
+    answer = error_response(request_id, REQUEST_CANCELLED, "Request cancelled")
+    return WireMessage(answer, dumps(answer))
 
 
 class StdioProcess:
@@ -214,7 +223,10 @@ class StdioProcess:
     async def send(self, message: JsonObject, raw: bytes | None = None) -> None:
         """Write a notification or a response (to a server→client request) as one line.
 
-        A client's `notifications/cancelled` also ends the named exchange (`UpstreamLost`).
+        A client's `notifications/cancelled` is forwarded to the process, and the named exchange
+        ends with the answer the SDK's HTTP transport gives a cancelled request (-32800
+        "Request cancelled"): a server stops and does not answer a cancelled request, and the
+        call must end without being sent again.
 
         Raises:
             UpstreamNotReached: the process is not running.
@@ -227,9 +239,7 @@ class StdioProcess:
             request_id = params.get("requestId") if isinstance(params, dict) else None
             pending = self._pending.get(id_key(request_id))
             if pending is not None and not pending.future.done():
-                pending.future.set_exception(
-                    UpstreamLost(f"{self.spec.name}: the client cancelled the request")
-                )
+                pending.future.set_result(_cancelled_answer(pending.original_id))
 
     async def _write(self, line: bytes) -> None:
         proc = self._proc

@@ -2,8 +2,8 @@
 
 `StdioUpstreams` spawns them (`spawn_session_process`, `shared_process`), mints session ids for
 processes whose `initialize` succeeded, finds a session's live process, ends a session on DELETE,
-reaps processes idle for `idle_s` (no call in flight, no GET stream open) or found dead, and ends
-them all on shutdown.
+reaps processes idle (no call in flight, no GET stream open) for their upstream's
+`session_idle_s` or found dead, and ends them all on shutdown.
 """
 
 from __future__ import annotations
@@ -29,8 +29,11 @@ class SessionCapReached(Exception):
 class StdioUpstreams:
     """All stdio processes of the proxy: per-session ones and one shared (modern) per upstream."""
 
-    def __init__(self, *, idle_s: float = 300.0, max_line_bytes: int = 16 * 1024 * 1024) -> None:
+    def __init__(
+        self, *, idle_s: float | None = None, max_line_bytes: int = 16 * 1024 * 1024
+    ) -> None:
         self.idle_s = idle_s
+        """Overrides every upstream's `session_idle_s` when set."""
         self._max_line = max_line_bytes
         self._sessions: dict[str, StdioProcess] = {}
         self._shared: dict[str, StdioProcess] = {}
@@ -107,15 +110,18 @@ class StdioUpstreams:
         if self._reaper is None or self._reaper.done():
             self._reaper = asyncio.create_task(self._reap_idle(), name="stdio-reaper")
 
+    def _idle_s(self, process: StdioProcess) -> float:
+        return self.idle_s if self.idle_s is not None else process.spec.session_idle_s
+
     async def _reap_idle(self) -> None:
-        interval = min(max(self.idle_s / 4, 0.05), 5.0)
         while self._sessions or self._shared:
-            await asyncio.sleep(interval)
+            shortest = min(map(self._idle_s, self.processes()), default=1.0)
+            await asyncio.sleep(min(max(shortest / 4, 0.05), 5.0))
             now = time.monotonic()
             for table in (self._sessions, self._shared):
                 for key, process in list(table.items()):
                     dead = not process.alive
-                    idle = not process.busy and now - process.last_active > self.idle_s
+                    idle = not process.busy and now - process.last_active > self._idle_s(process)
                     if dead or idle:
                         del table[key]
                         if idle:

@@ -8,8 +8,9 @@ Two ways to forward a client POST:
   `tools/call`, and for GET streams and DELETE.
 - `exchange_http` sends one request and returns its final JSON-RPC response as a `WireMessage`,
   relaying the upstream's intermediate messages meanwhile. Used for `tools/call` (the pipeline's
-  `send_upstream`) and for batch elements. It raises the `proxy.errors` tree, mapped here in one
-  place from aiohttp's exceptions.
+  `send_upstream`) and for batch elements; an event-stream answer is read by
+  `proxy.mcp.upstreams.sse_answers.SseAnswer` (which resumes a stream the server closed). It
+  raises the `proxy.errors` tree, mapped here in one place from aiohttp's exceptions.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from proxy.errors import (
     UpstreamTimeout,
 )
 from proxy.mcp.upstreams.relay import Relay, cancelled_when
+from proxy.mcp.upstreams.sse_answers import SseAnswer, is_sse
 from proxy.mcp.wire.headers import client_response_headers
 from proxy.mcp.wire.jsonrpc import WireMessage, id_key, read_upstream_message
 from proxy.mcp.wire.sse import SSE_HEADERS, SseParser
@@ -81,10 +83,6 @@ async def _mapped_errors(spec: UpstreamSpec) -> AsyncIterator[None]:
         raise UpstreamNotReached(f"{spec.name}: cannot connect ({exc})") from exc
     except (aiohttp.ClientError, OSError) as exc:
         raise UpstreamLost(f"{spec.name}: connection lost ({exc!r})") from exc
-
-
-def _is_sse(response: aiohttp.ClientResponse) -> bool:
-    return response.content_type == "text/event-stream"
 
 
 class ResponseTap:
@@ -145,16 +143,16 @@ async def relay_http(
         if on_start is not None:
             on_start(upstream.status, upstream.headers)
         out_headers = client_response_headers(upstream.headers, keep_encoding=True)
-        tapper = ResponseTap(tap, sse=_is_sse(upstream)) if tap is not None else None
+        tapper = ResponseTap(tap, sse=is_sse(upstream)) if tap is not None else None
         length = upstream.content_length
-        if not _is_sse(upstream) and length is not None and length <= _JSON_BODY_CAP:
+        if not is_sse(upstream) and length is not None and length <= _JSON_BODY_CAP:
             async with _mapped_errors(spec):
                 data = await upstream.read()
             if tapper is not None:
                 tapper.feed(data)
                 tapper.close()
             return web.Response(status=upstream.status, body=data, headers=out_headers)
-        if _is_sse(upstream):
+        if is_sse(upstream):
             out_headers.update(SSE_HEADERS)
         response = web.StreamResponse(status=upstream.status, headers=out_headers)
         await response.prepare(request)
@@ -244,10 +242,25 @@ async def _exchange(
             raise error(upstream.status, dict(upstream.headers), data)
         if upstream.status == 202:
             raise UpstreamLost(f"{spec.name}: the request was accepted (202) but never answered")
+        relay_start = getattr(relay, "upstream_headers", None)
+        if relay_start is not None:
+            relay_start(upstream.headers)
         async with _mapped_errors(spec):
-            if _is_sse(upstream):
-                return await _read_sse_answer(spec, upstream, request_id, relay)
-            return _json_answer(spec, await upstream.read(), request_id)
+            if not is_sse(upstream):
+                return _json_answer(spec, await upstream.read(), request_id)
+            stream = SseAnswer(spec, request_id, relay)
+            if (answer := await stream.read(upstream)) is not None:
+                return answer
+    # The stream ended after giving an event id: the request arrived and the server let go of the
+    # connection (SEP-1699 polling). The answer is not lost; the stream goes on from that id.
+    await relay.let_go()
+    try:
+        async with _mapped_errors(spec):
+            return await stream.resume(session, headers)
+    except UpstreamNotReached as exc:
+        # The request itself arrived (it was given an event id): whatever breaks now, it may
+        # have run, so it is lost, never "not sent".
+        raise UpstreamLost(f"{spec.name}: the request arrived; resuming its stream failed") from exc
 
 
 def _json_answer(spec: UpstreamSpec, data: bytes, request_id: Any) -> WireMessage:
@@ -255,24 +268,3 @@ def _json_answer(spec: UpstreamSpec, data: bytes, request_id: Any) -> WireMessag
     if message is None or id_key(message.get("id")) != id_key(request_id):
         raise UpstreamLost(f"{spec.name}: the JSON answer is not the response to this request")
     return message
-
-
-async def _read_sse_answer(
-    spec: UpstreamSpec, upstream: aiohttp.ClientResponse, request_id: Any, relay: Relay
-) -> WireMessage:
-    parser = SseParser()
-    wanted = id_key(request_id)
-    async for chunk in upstream.content.iter_any():
-        for event in parser.feed(chunk):
-            if event.comment:
-                await relay.comment(event.raw)
-                continue
-            if not event.data:
-                continue  # a priming event (resumability id only)
-            message = read_upstream_message(event.data)
-            if message is None:
-                continue
-            if "method" not in message and id_key(message.get("id")) == wanted:
-                return message
-            await relay.message(message.raw)
-    raise UpstreamLost(f"{spec.name}: the event stream ended without the response")

@@ -48,13 +48,26 @@ class InvalidBody(ValueError):
 
 
 class WireMessage(dict[str, Any]):
-    """A JSON-RPC message parsed from `raw`; `raw` is written instead of re-encoding it."""
+    """A JSON-RPC message parsed from `raw`; `raw` is written instead of re-encoding it.
 
-    __slots__ = ("raw",)
+    A message that arrived as a server-sent event also keeps that event's bytes (`frame`) and
+    id, so it can be relayed as the very event the upstream sent.
+    """
 
-    def __init__(self, value: Mapping[str, Any], raw: bytes) -> None:
+    __slots__ = ("event_id", "frame", "raw")
+
+    def __init__(
+        self,
+        value: Mapping[str, Any],
+        raw: bytes,
+        *,
+        frame: bytes | None = None,
+        event_id: str | None = None,
+    ) -> None:
         super().__init__(value)
         self.raw = raw
+        self.frame = frame
+        self.event_id = event_id
 
 
 def wire_bytes(message: Mapping[str, Any]) -> bytes:

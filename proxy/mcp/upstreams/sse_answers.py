@@ -1,0 +1,109 @@
+"""One request's answer read from a Streamable HTTP upstream's event stream (SEP-1699 aware).
+
+`SseAnswer` relays every event before the response as the upstream framed it (priming events and
+ids included) and, when the server ends the stream after an event id without the response,
+follows it with `GET` + `Last-Event-ID` as a client would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from policies.model import UpstreamSpec
+from proxy.errors import UpstreamLost
+from proxy.mcp.upstreams.relay import Relay
+from proxy.mcp.wire.jsonrpc import WireMessage, id_key, read_upstream_message
+from proxy.mcp.wire.sse import SseEvent, SseParser
+
+__all__ = ["SseAnswer", "is_sse"]
+
+
+def is_sse(response: aiohttp.ClientResponse) -> bool:
+    return response.content_type == "text/event-stream"
+
+
+class SseAnswer:
+    """Reads one request's event stream up to its response, resuming it when the server closes it.
+
+    Every event before the response is relayed as the upstream framed it (priming events and ids
+    included). When the stream ends without the response after an event id, the request is
+    resumed as a client would: after the server's `retry` delay, `GET` with `Last-Event-ID`.
+    """
+
+    def __init__(self, spec: UpstreamSpec, request_id: Any, relay: Relay) -> None:
+        self._spec = spec
+        self._wanted = id_key(request_id)
+        self._relay = relay
+        self.last_event_id: str | None = None
+        self._retry_ms: int | None = None
+
+    async def read(self, upstream: aiohttp.ClientResponse) -> WireMessage | None:
+        """The response, or None when the stream ended resumably without it.
+
+        Raises:
+            UpstreamLost: the stream ended without the response and without an event id.
+        """
+        parser = SseParser()
+        async for chunk in upstream.content.iter_any():
+            for event in parser.feed(chunk):
+                answer = await self._take(event)
+                if answer is not None:
+                    return answer
+        if self.last_event_id is None:
+            raise UpstreamLost(f"{self._spec.name}: the event stream ended without the response")
+        return None
+
+    async def _take(self, event: SseEvent) -> WireMessage | None:
+        if event.comment:
+            await self._relay.comment(event.raw)
+            return None
+        if event.id is not None:
+            self.last_event_id = event.id
+        if event.retry is not None:
+            self._retry_ms = event.retry
+        message = read_upstream_message(event.data) if event.data else None
+        if message is not None and self._is_answer(message):
+            return WireMessage(message, message.raw, frame=event.raw, event_id=event.id)
+        if event.data and message is None:
+            return None  # not JSON-RPC: nothing a client could use
+        await self._relay.event(event.raw, event.id)
+        return None
+
+    def _is_answer(self, message: WireMessage) -> bool:
+        return "method" not in message and id_key(message.get("id")) == self._wanted
+
+    async def resume(
+        self, session: aiohttp.ClientSession, headers: Mapping[str, str]
+    ) -> WireMessage:
+        """Follow the stream with `GET` + `Last-Event-ID` until the response arrives.
+
+        Raises:
+            UpstreamLost: the server refused the resumption or ended it without any new event.
+        """
+        assert self._spec.url is not None
+        get_headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+        get_headers["accept"] = "text/event-stream"
+        while True:
+            await asyncio.sleep((self._retry_ms if self._retry_ms is not None else 1000) / 1000)
+            assert self.last_event_id is not None
+            get_headers["last-event-id"] = self.last_event_id
+            before = self.last_event_id
+            async with session.get(
+                self._spec.url, headers=get_headers, allow_redirects=False
+            ) as upstream:
+                if upstream.status != 200 or not is_sse(upstream):
+                    raise UpstreamLost(
+                        f"{self._spec.name}: resuming the event stream was refused "
+                        f"(HTTP {upstream.status})"
+                    )
+                answer = await self.read(upstream)
+            if answer is not None:
+                return answer
+            if self.last_event_id == before:
+                raise UpstreamLost(
+                    f"{self._spec.name}: the resumed event stream ended without new events"
+                )
