@@ -19,12 +19,19 @@ LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
 _WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})  # a listen address that names no host
 
 
-def origin_allowed(origin: str | None, settings: EdgeSettings) -> bool:
-    """True when `origin` is absent (not a browser) or listed (`*` lists every origin)."""
+def origin_allowed(origin: str | None, settings: EdgeSettings, host: str | None = None) -> bool:
+    """True when `origin` is absent (not a browser), listed (`*` lists every origin), or the
+    request's own `host` (same-origin: not cross-site; call only once `host` is allowed)."""
     if origin is None:
         return True
     allowed = settings.allowed_origins
-    return "*" in allowed or origin.strip().rstrip("/").lower() in allowed
+    value = origin.strip().rstrip("/").lower()
+    if "*" in allowed or value in allowed:
+        return True
+    if host is None:
+        return False
+    own = host.strip().lower()
+    return value in (f"http://{own}", f"https://{own}")
 
 
 def host_allowed(host: str | None, settings: EdgeSettings, listen_host: str) -> bool:

@@ -50,7 +50,7 @@ async def edge_guard(request: web.Request, handler: Handler) -> web.StreamRespon
                 http_status=421,
             ),
         )
-    if not origin_allowed(request.headers.get("Origin"), config.edge):
+    if not origin_allowed(request.headers.get("Origin"), config.edge, request.headers.get("Host")):
         return _refusal(
             request,
             bad_request(

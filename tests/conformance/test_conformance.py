@@ -35,12 +35,7 @@ HTTP_DONE_AT: list[float] = []
 DEDUP_WINDOW_S = 1.0
 HAS_DEDUP_WINDOW = "dedup_window_s" in DefaultsIn.model_fields
 """Whether the configuration knows `defaults.dedup_window_s` (another change adds the key)."""
-KNOWN_DIFFERENCES = {
-    "tools-call-with-progress": "issue 12 item 1: the pipeline's own progress (another change)",
-    "dns-rebinding-protection": "issue 12 item 2: a foreign Host is refused (421), but so is "
-    "the proxy's own Origin (403: allowed_origins is empty by default), which an MCP server "
-    "accepts",
-}
+KNOWN_DIFFERENCES: dict[str, str] = {}
 """Scenarios that still differ through the proxy for reasons other changes fix. An entry that no
 longer differs fails the test: delete it then, so that the scenario is guarded again."""
 

@@ -61,3 +61,13 @@ def test_split_host():
     assert split_host("[::1]:2") == ("[::1]", "2")
     assert split_host("[::1]") == ("[::1]", None)
     assert split_host("a") == ("a", None)
+
+
+def test_the_proxys_own_origin_is_not_cross_site():
+    """An Origin that is the request's own (allowed) Host is same-origin and passes, as an MCP
+    server accepts its own origin; the rebinding page's origin fails on its Host first."""
+    assert origin_allowed("http://127.0.0.1:8787", DEFAULT, host="127.0.0.1:8787")
+    assert origin_allowed("https://localhost:9", DEFAULT, host="localhost:9")
+    assert not origin_allowed("http://127.0.0.1:8788", DEFAULT, host="127.0.0.1:8787")
+    assert not origin_allowed("http://evil.example:8787", DEFAULT, host="127.0.0.1:8787")
+    assert not origin_allowed("http://127.0.0.1:8787", DEFAULT)
