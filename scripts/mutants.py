@@ -64,6 +64,23 @@ MUTANTS = (
         why="claim and finish decide on rows another replica may be changing",
     ),
     Mutant(
+        name="claim deferred work without the row lock",
+        path="ledger/deferred_queries.py",
+        module="ledger.deferred_queries",
+        edits=(
+            (
+                "result = conn.execute(_locking(stmt.order_by(ENTRIES.c.id), dialect, "
+                "skip_locked=True))",
+                "result = conn.execute(stmt.order_by(ENTRIES.c.id))",
+            ),
+        ),
+        tests=(
+            "tests/integration/test_ledger_deferred.py::"
+            "test_three_processes_racing_for_waiting_work_start_each_once",
+        ),
+        why="two replicas both start the same accepted work",
+    ),
+    Mutant(
         name="acknowledge before COMMIT",
         path="ledger/writer.py",
         module="ledger.writer",

@@ -265,6 +265,7 @@ def _entry_table(entry: EntryView) -> Table:
         "fingerprint", "owner", "fencing_token", "lease_expires_at", "work_class", "run_id",
         "trace_id", "created_at", "started_at", "finished_at", "updated_at", "error",
         "retry_after_s", "note", "outcome_hash", "outcome_retained", "outcome", "arguments",
+        "task_id", "request_bytes",
     ):  # fmt: skip
         value = data[name]
         if value is not None:
