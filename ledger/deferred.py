@@ -166,11 +166,12 @@ class DeferredWork:
         more = len(rows) > limit
         return TaskPage(entries, _cursor(entries[-1]) if more and entries else None)
 
-    async def candidates(self, limit: int) -> list[Candidate]:
-        """Waiting work, oldest first (without requests), for the dispatcher.
+    async def candidates(self, limit: int, *, per_group: int = 1000) -> list[Candidate]:
+        """Waiting work, oldest first (without requests), at most `per_group` calls of each
+        tenant and upstream, for the dispatcher.
 
         Raises:
             LedgerUnavailable.
         """
         async with self._reading("candidates") as conn:
-            return await deferred_queries.candidates(conn, limit)
+            return await deferred_queries.candidates(conn, limit, per_group=per_group)

@@ -128,12 +128,22 @@ _CANDIDATE_COLUMNS = (
 )
 
 
-async def candidates(conn: AsyncConnection, limit: int) -> list[Candidate]:
-    """Waiting deferred work, oldest first."""
+async def candidates(conn: AsyncConnection, limit: int, *, per_group: int) -> list[Candidate]:
+    """Waiting deferred work, oldest first, at most `per_group` calls per (tenant, upstream): a
+    tenant with a flood of waiting work never hides another tenant's."""
+    rank = (
+        sa.func.row_number()
+        .over(
+            partition_by=(ENTRIES.c.tenant, ENTRIES.c.upstream),
+            order_by=(ENTRIES.c.created_at, ENTRIES.c.id),
+        )
+        .label("rank")
+    )
+    ranked = sa.select(*_CANDIDATE_COLUMNS, rank).where(_WAITING).subquery()
     stmt = (
-        sa.select(*_CANDIDATE_COLUMNS)
-        .where(_WAITING)
-        .order_by(ENTRIES.c.created_at, ENTRIES.c.id)
+        sa.select(*(ranked.c[column.name] for column in _CANDIDATE_COLUMNS))
+        .where(ranked.c.rank <= per_group)
+        .order_by(ranked.c.created_at, ranked.c.id)
         .limit(limit)
     )
     return [Candidate(*values) for values in await conn.execute(stmt)]

@@ -78,9 +78,9 @@ class UTCTimestamp(sa.TypeDecorator[datetime]):
 class LedgerEntry(SQLModel, table=True):
     """One side-effecting call, keyed by (tenant, upstream, idempotency key).
 
-        Deferred work (see `ledger.deferred`) is an entry with a `task_id` and, until it has run, its
-    `request`. An entry whose derived key's dedup window passed gives its key up to a newer entry: its
-        `idempotency_key` becomes `past:<id>:<key>` (see `ledger.batch.archived_key`)."""
+    Deferred work (see `ledger.deferred`) is an entry with a `task_id` and, until it has run,
+    its `request`. An entry whose derived key's dedup window passed gives its key up to a newer
+    entry: its `idempotency_key` becomes `past:<id>:<key>` (see `ledger.batch.archived_key`)."""
 
     __tablename__ = "ledger_entries"
     __table_args__ = (

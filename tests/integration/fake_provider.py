@@ -95,6 +95,8 @@ class FakeProvider:
     url: str = ""
     received: list[Received] = field(default_factory=list)
     executions: Counter[str] = field(default_factory=Counter)
+    answers: dict[str, bytes] = field(default_factory=dict)
+    """The body `POST /v1/actions` sent back, by `Idempotency-Key` (the latest)."""
     plan: deque[Behaviour] = field(default_factory=deque)
     gate_streams: bool = False
     first_chunk_seen: asyncio.Event = field(default_factory=asyncio.Event)
@@ -314,15 +316,13 @@ class _Handlers:
                     await self.p.action_gate.wait()
         if b.kind == "die":
             return self._drop(request)
-        return web.json_response(
-            {
-                "id": f"act_{self.p.total}",
-                "executed": self.p.executions[key],
-                "echo": json.loads(received.body or b"null"),
-            },
-            status=201,
-            headers={"X-Fake-Action": "done"},
-        )
+        answer = {
+            "id": f"act_{self.p.total}",
+            "executed": self.p.executions[key],
+            "echo": json.loads(received.body or b"null"),
+        }
+        self.p.answers[key] = json.dumps(answer).encode()  # what json_response sends
+        return web.json_response(answer, status=201, headers={"X-Fake-Action": "done"})
 
     async def exports(self, request: web.Request) -> web.StreamResponse:
         """A side effect with a large answer: `?bytes=N` streamed in 64 KB chunks of a pattern
