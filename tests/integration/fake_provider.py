@@ -102,6 +102,9 @@ class FakeProvider:
     first_chunk_seen: asyncio.Event = field(default_factory=asyncio.Event)
     gate_timeouts: int = 0
     action_gate: asyncio.Event | None = None
+    gates: dict[str, asyncio.Event] = field(default_factory=dict)
+    """`POST /v1/actions` whose `Idempotency-Key` starts with a prefix named here waits (after
+    counting its execution) until that prefix's event is set."""
     stream_chunks: int = 3
     chunk_delay_s: float = 0.0
     blob_started: asyncio.Event = field(default_factory=asyncio.Event)
@@ -314,6 +317,9 @@ class _Handlers:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(GATE_TIMEOUT_S):
                     await self.p.action_gate.wait()
+        for prefix, gate in self.p.gates.items():
+            if key.startswith(prefix):
+                await gate.wait()  # until the test opens it (or the server shuts down)
         if b.kind == "die":
             return self._drop(request)
         answer = {
