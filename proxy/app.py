@@ -22,6 +22,7 @@ from proxy.http.jobs import setup_jobs
 from proxy.http.routes import setup_http
 from proxy.listener import setup_body_watch
 from proxy.mcp import catalog
+from proxy.mcp.tasks.runner import register_mcp_runner
 from proxy.mcp.transport.routes import setup_mcp
 from proxy.ops import admin, health
 from proxy.runtime.deferred import DEFERRED, Dispatcher
@@ -71,6 +72,7 @@ def create_app(config: Config, *, replica_id: str | None = None) -> web.Applicat
     app[DEFERRED] = Dispatcher(app)
     setup_jobs(app)
     register_http_runner(app)
+    register_mcp_runner(app)
     app.cleanup_ctx.append(_deferred_ctx)  # last: it needs the ledger and the upstream sessions
     return app
 
