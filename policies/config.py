@@ -209,6 +209,7 @@ def _build_upstream(
         timeout_s=up.timeout_s,
         retry=RetrySettings(**up.retry.model_dump()),
         max_sessions=up.max_sessions,
+        max_connections=up.max_connections,
         session_idle_s=up.session_idle_s,
         provider=up.kind,
         not_executed_statuses=frozenset(up.not_executed_statuses),

@@ -91,6 +91,7 @@ class UpstreamIn(_Strict):
     timeout_s: PositiveFloat | None = None
     retry: RetryIn = RetryIn()
     max_sessions: PositiveInt = 32
+    max_connections: PositiveInt = 64
     session_idle_s: PositiveFloat = 300.0
     kind: Literal["openai", "anthropic", "generic"] = "generic"
     not_executed_statuses: list[HttpStatus] = Field(default_factory=list)

@@ -153,6 +153,8 @@ class UpstreamSpec:
     timeout_s: float | None = None
     retry: RetrySettings = RetrySettings()
     max_sessions: int = 32
+    max_connections: int = 64
+    """HTTP transports: connections to the upstream at once (every request holds one)."""
     """stdio upstreams: live handshake-era sessions (one process each) at most."""
     session_idle_s: float = 300.0
     """stdio upstreams: a session's process with nothing in flight this long is ended."""

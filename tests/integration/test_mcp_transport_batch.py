@@ -174,3 +174,20 @@ async def test_a_batch_over_max_batch_is_refused_whole_and_nothing_is_sent(
         served = await raw.post(pings[:8], {"Accept": "application/json"})
         assert served.status == 200
         assert len(served.json()) == 8
+
+
+async def test_every_upstream_request_holds_a_slot_of_a_bounded_pool(
+    upstream: RunningUpstream, tmp_path: Path, http: aiohttp.ClientSession
+):
+    """With `max_connections: 2` for the upstream, six concurrent calls never have more than two
+    requests at the upstream at once (the pool was unlimited), and all six are answered."""
+    upstreams = {"up": http_upstream("up", upstream.url, max_connections=2)}
+    async with running_proxy(upstreams, tmp_path) as proxy:
+        raw = RawMcp(http, proxy.mcp_url("up"))
+        await raw.initialize()
+        upstream.reset()
+        calls = [_call(i, "hold", seconds=0.3, tag=f"p{i}") for i in range(6)]
+        answer = await raw.post(calls, {"Accept": "application/json"})
+    assert answer.status == 200
+    assert len(answer.json()) == 6
+    assert upstream.stats()["max_running"] == 2

@@ -41,6 +41,7 @@ __all__ = ["PRESSURE_STATUSES", "HttpUpstreams", "ResponseTap", "exchange_http",
 
 PRESSURE_STATUSES = frozenset({429, 503, 529})
 _ERROR_BODY_CAP = 64 * 1024
+_POOL_WAIT_S = 30.0  # the longest a request waits for a free connection to its upstream
 _JSON_BODY_CAP = 64 * 1024 * 1024
 
 
@@ -56,9 +57,12 @@ class HttpUpstreams:
             session = aiohttp.ClientSession(
                 auto_decompress=False,
                 # No total or read timeout: SSE streams live as long as the call; each exchange
-                # has its own per-attempt timeout.
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-                connector=aiohttp.TCPConnector(limit=0, force_close=False),
+                # has its own per-attempt timeout. `connect` bounds the wait for a pool slot:
+                # every request to the upstream holds one of `max_connections`.
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=10, connect=spec.timeout_s or _POOL_WAIT_S
+                ),
+                connector=aiohttp.TCPConnector(limit=spec.max_connections, force_close=False),
                 skip_auto_headers=("User-Agent",),
             )
             self._sessions[spec.name] = session
