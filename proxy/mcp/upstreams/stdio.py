@@ -100,6 +100,11 @@ class StdioProcess:
         return self._proc is not None and not self.exited.is_set()
 
     @property
+    def ended(self) -> bool:
+        """The process has exited and been reaped (not merely closed its pipes)."""
+        return self._proc is not None and self._proc.returncode is not None
+
+    @property
     def busy(self) -> bool:
         return bool(self._pending) or self.get_stream_open
 
