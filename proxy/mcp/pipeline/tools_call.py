@@ -96,7 +96,7 @@ async def handle_tools_call(
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": tool,
         "jsonrpc.request.id": str(request.get("id")),
-        "mcp.session.id": ctx.session_id,
+        "mcp.session.id": tracing.hash_key(ctx.session_id),
         "mcp.protocol.version": ctx.protocol_version,
         "interlock.upstream": ctx.upstream.name,
         "interlock.tenant": attrs.tenant,
