@@ -144,6 +144,7 @@ class ConfigIn(_Strict):
     budgets: BudgetsIn = BudgetsIn()
     tenants: TenantsIn = TenantsIn()
     max_body_bytes: PositiveInt = 4 * 1024 * 1024
+    max_response_bytes: PositiveInt = 16 * 1024 * 1024
     retry_after_cap_s: PositiveFloat = 300.0
     shutdown_grace_s: NonNegativeFloat = 10.0
     allowed_origins: list[str] = Field(default_factory=list)

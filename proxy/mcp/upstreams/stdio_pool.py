@@ -148,6 +148,7 @@ class StdioUpstreams:
         await asyncio.gather(*(p.close() for p in processes), *self._closing)
 
 
-def default_max_line_bytes(max_body_bytes: int) -> int:
-    """stdout lines (tool results) may be larger than request bodies; bound them generously."""
-    return max(16 * 1024 * 1024, 4 * max_body_bytes)
+def default_max_line_bytes(max_body_bytes: int, max_response_bytes: int = 16 * 1024 * 1024) -> int:
+    """The longest line a stdio process may write: its largest answer (`max_response_bytes`), or
+    a request of the client's that it echoes, whichever is larger."""
+    return max(max_response_bytes, max_body_bytes) + 64 * 1024
