@@ -102,6 +102,7 @@ class UpstreamIn(_Strict):
     timeout_s: PositiveFloat | None = None
     retry: RetryIn = RetryIn()
     max_sessions: PositiveInt = 32
+    max_connections: PositiveInt = 64
     session_idle_s: PositiveFloat = 300.0
     kind: Literal["openai", "anthropic", "generic"] = "generic"
     not_executed_statuses: list[HttpStatus] = Field(default_factory=list)
@@ -155,6 +156,7 @@ class ConfigIn(_Strict):
     budgets: BudgetsIn = BudgetsIn()
     tenants: TenantsIn = TenantsIn()
     max_body_bytes: PositiveInt = 4 * 1024 * 1024
+    max_response_bytes: PositiveInt = 16 * 1024 * 1024
     retry_after_cap_s: PositiveFloat = 300.0
     shutdown_grace_s: NonNegativeFloat = 10.0
     allowed_origins: list[str] = Field(default_factory=list)

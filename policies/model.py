@@ -178,6 +178,8 @@ class UpstreamSpec:
     timeout_s: float | None = None
     retry: RetrySettings = RetrySettings()
     max_sessions: int = 32
+    max_connections: int = 64
+    """HTTP transports: connections to the upstream at once (every request holds one)."""
     """stdio upstreams: live handshake-era sessions (one process each) at most."""
     session_idle_s: float = 300.0
     """stdio upstreams: a session's process with nothing in flight this long is ended."""
@@ -251,6 +253,8 @@ class Config:
     tenant_api_keys: Mapping[str, str] = field(default_factory=dict)
     edge: EdgeSettings = EdgeSettings()
     max_body_bytes: int = 4 * 1024 * 1024
+    max_response_bytes: int = 16 * 1024 * 1024
+    """The largest MCP answer the proxy holds to answer a call (larger: a clear error)."""
     retry_after_cap_s: float = 300.0
     shutdown_grace_s: float = 10.0
     source_path: str | None = None

@@ -5,7 +5,8 @@
     ├── UpstreamPressure           the upstream pushed back (HTTP 429/503/529: cooldown)
     ├── UpstreamRefused            another non-2xx status answered before a JSON-RPC reply
     └── UpstreamLost               the request was sent and no complete answer came back
-        └── UpstreamTimeout        ... because the per-attempt timeout passed
+        ├── UpstreamTimeout        ... because the per-attempt timeout passed
+        └── UpstreamAnswerTooLarge ... because it was larger than `max_response_bytes`
 
 `UpstreamNotReached` means "certainly not executed", and so does an answered status in the
 upstream's not-executed set (`policies.retry.not_executed_statuses`: 429; 503/529 only from a model
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 __all__ = [
+    "UpstreamAnswerTooLarge",
     "UpstreamError",
     "UpstreamLost",
     "UpstreamNotReached",
@@ -63,3 +65,13 @@ class UpstreamLost(UpstreamError):
 
 class UpstreamTimeout(UpstreamLost):
     """The request was sent; the per-attempt timeout passed before the answer."""
+
+
+class UpstreamAnswerTooLarge(UpstreamLost):
+    """The request was sent and answered, but the answer is larger than the proxy holds
+    (`max_response_bytes`): the caller cannot have it, and repeating the call would not help."""
+
+    def __init__(self, upstream: str, limit: int) -> None:
+        super().__init__(
+            f"{upstream}: the answer is larger than max_response_bytes ({limit} bytes)"
+        )

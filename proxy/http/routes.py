@@ -34,7 +34,7 @@ from proxy.telemetry import tracing
 
 __all__ = ["setup_http"]
 
-_MIN_CONNECTIONS = 100
+
 _ROUTE = "/http/{upstream}/{path}"
 
 
@@ -51,7 +51,7 @@ async def _upstream_sessions(app: web.Application) -> AsyncIterator[None]:
     for name, spec in app[CONFIG].upstreams.items():
         if spec.kind != "http":
             continue
-        connector = aiohttp.TCPConnector(limit=max(spec.limits.max_running or 0, _MIN_CONNECTIONS))
+        connector = aiohttp.TCPConnector(limit=spec.max_connections)
         sessions[name] = aiohttp.ClientSession(
             connector=connector,
             auto_decompress=False,

@@ -11,6 +11,7 @@ from opentelemetry.trace import Span
 from policies.classify import Classification
 from policies.retry import AttemptFailure, server_delay_s
 from proxy.errors import (
+    UpstreamAnswerTooLarge,
     UpstreamLost,
     UpstreamNotReached,
     UpstreamPressure,
@@ -41,6 +42,8 @@ def describe_failure(error: BaseException) -> AttemptFailure | None:
         return AttemptFailure("answered", error.status, verdict)
     if isinstance(error, UpstreamTimeout):
         return AttemptFailure("timeout")
+    if isinstance(error, UpstreamAnswerTooLarge):
+        return None  # it answered: repeating the call would only bring the same answer again
     if isinstance(error, UpstreamLost):
         return AttemptFailure("lost")
     return None

@@ -256,7 +256,7 @@ def current_trace_id() -> str | None:
 
 
 def hash_key(key: str | None) -> str | None:
-    """Idempotency keys appear in telemetry only hashed (first 16 hex of sha256)."""
+    """Idempotency keys and session ids appear in telemetry only hashed (16 hex of sha256)."""
     return None if key is None else hashlib.sha256(key.encode()).hexdigest()[:16]
 
 

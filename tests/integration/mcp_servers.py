@@ -118,12 +118,14 @@ def build_server(state: _State | None = None, name: str = "interlock-test-upstre
         return text
 
     @server.tool()
-    async def slow_progress(ctx: Context, steps: int = 3, delay_s: float = 0.01) -> str:
-        """Report progress at every step, then finish."""
+    async def slow_progress(
+        ctx: Context, steps: int = 3, delay_s: float = 0.01, start: int = 1
+    ) -> str:
+        """Report progress at every step (from `start`), then finish."""
         st.calls["slow_progress"] += 1
         for i in range(steps):
             await asyncio.sleep(delay_s)
-            await ctx.report_progress(i + 1, steps, f"step {i + 1}")
+            await ctx.report_progress(start + i, steps, f"step {i + 1}")
         return f"done after {steps} steps"
 
     @server.tool()

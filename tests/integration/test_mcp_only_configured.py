@@ -77,3 +77,29 @@ async def test_a_redirect_is_not_followed_and_the_call_is_released(
     assert status == 307  # the upstream's own answer is relayed to the caller as it came
     assert elsewhere[1] == []
     assert [str(e.state) for e in entries] == ["rejected"]
+
+
+@pytest.mark.parametrize("tool", ["search_docs", "send_email"])
+async def test_an_unreachable_upstream_is_named_but_its_address_is_not(
+    tmp_path: Path, http: aiohttp.ClientSession, tool: str
+) -> None:
+    """The caller learns which upstream failed and why, never its internal host:port."""
+    upstreams = {"up": http_upstream("up", "http://127.0.0.1:9/mcp")}
+    async with running_proxy(upstreams, tmp_path) as proxy:
+        body = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": tool, "arguments": {"query": "q"}, "_meta": ENVELOPE},
+        }
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": MODERN,
+            "Mcp-Method": "tools/call",
+            "Mcp-Name": tool,
+        }
+        async with http.post(proxy.mcp_url("up"), json=body, headers=headers) as answer:
+            text = await answer.text()
+    assert "upstream_unreachable" in text or "-32054" in text
+    assert "127.0.0.1:9" not in text
+    assert "('127.0.0.1', 9)" not in text

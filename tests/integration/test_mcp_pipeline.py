@@ -19,6 +19,7 @@ from proxy.state import LEDGER
 from tests.integration.mcp_proxy_harness import RawMcp
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
 from tests.integration.proxy_harness import running_proxy
+from tests.integration.waiting import wait_until
 
 KEY = "interlock/idempotency-key"
 
@@ -430,3 +431,35 @@ async def test_a_call_that_never_waits_gets_only_the_upstreams_progress(
             )
     assert not result.is_error
     assert seen == [(1, "step 1"), (2, "step 2"), (3, "step 3")]
+
+
+@pytest.mark.parametrize("era", ["legacy", "2026-07-28"])
+async def test_progress_keeps_increasing_when_a_queued_call_reports_its_own_from_zero(
+    fresh: RunningUpstream, tmp_path: Path, era: str
+):
+    """A call that waited was told `queued` and `running` (0.001, 0.002); the server then reports
+    0, 1, 2 on the same token: the client still sees a strictly increasing sequence (the server's
+    0 is lifted just above the proxy's last value), with every message of the server's."""
+    limits = "limits: {max_running: 1, max_pending: 4, max_wait_s: 5}"
+    async with running_proxy(config(fresh, limits=limits), tmp_path) as proxy:
+        url = proxy.mcp_url("up")
+        seen: list[tuple[float, str | None]] = []
+
+        async def progress(value: float, total: float | None, message: str | None) -> None:
+            seen.append((value, message))
+
+        async with Client(url, mode="legacy") as busy, Client(url, mode=era) as waiter:
+            holder = asyncio.create_task(busy.call_tool("hold", {"seconds": 0.5, "tag": "z"}))
+            await wait_until(lambda: "z" in fresh.stats()["started"])
+            result = await waiter.call_tool(
+                "slow_progress",
+                {"steps": 3, "start": 0},
+                progress_callback=progress,
+                meta={"interlock/class": "background"},
+            )
+            await holder
+    assert not result.is_error
+    values = [value for value, _ in seen]
+    assert values == sorted(values)
+    assert len(set(values)) == len(values), values
+    assert [message for _, message in seen] == ["queued", "running", "step 1", "step 2", "step 3"]

@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from policies.model import EdgeSettings
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import (
     MODERN,
@@ -149,3 +150,44 @@ async def test_batches_are_refused_where_the_protocol_has_none(
     batched = await raw.post([init])
     assert batched.json()["error"]["data"]["reason"] == "initialize_in_batch"
     assert upstream.stats()["mcp_requests"] == before
+
+
+@pytest.mark.parametrize("name", ["up", "st"])
+async def test_a_batch_over_max_batch_is_refused_whole_and_nothing_is_sent(
+    upstream: RunningUpstream, tmp_path: Path, http: aiohttp.ClientSession, name: str
+):
+    """One POST of many pings used to become as many concurrent upstream requests (10,000 held
+    6,720 connections at once); past `max_batch` (here 8) the batch is a 400 / -32600 and no
+    element reaches the upstream. A batch at the limit is served."""
+    edge = EdgeSettings(max_batch=8)
+    upstreams = {"up": http_upstream("up", upstream.url), "st": stdio_upstream("st")}
+    async with running_proxy(upstreams, tmp_path, edge=edge) as proxy:
+        raw = RawMcp(http, proxy.mcp_url(name))
+        await raw.initialize()
+        upstream.reset()
+        pings = [{"jsonrpc": "2.0", "id": i, "method": "ping"} for i in range(9)]
+        answer = await raw.post(pings, {"Accept": "application/json"})
+        assert answer.status == 400
+        assert answer.json()["error"]["data"]["reason"] == "batch_too_large"
+        if name == "up":
+            assert upstream.stats().get("mcp_requests", 0) == 0
+        served = await raw.post(pings[:8], {"Accept": "application/json"})
+        assert served.status == 200
+        assert len(served.json()) == 8
+
+
+async def test_every_upstream_request_holds_a_slot_of_a_bounded_pool(
+    upstream: RunningUpstream, tmp_path: Path, http: aiohttp.ClientSession
+):
+    """With `max_connections: 2` for the upstream, six concurrent calls never have more than two
+    requests at the upstream at once (the pool was unlimited), and all six are answered."""
+    upstreams = {"up": http_upstream("up", upstream.url, max_connections=2)}
+    async with running_proxy(upstreams, tmp_path) as proxy:
+        raw = RawMcp(http, proxy.mcp_url("up"))
+        await raw.initialize()
+        upstream.reset()
+        calls = [_call(i, "hold", seconds=0.3, tag=f"p{i}") for i in range(6)]
+        answer = await raw.post(calls, {"Accept": "application/json"})
+    assert answer.status == 200
+    assert len(answer.json()) == 6
+    assert upstream.stats()["max_running"] == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil
 import pytest
 from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -305,3 +307,41 @@ async def test_get_stream_opens_once_per_session(proxy: RunningProxy, http: aioh
         assert await raw.delete() == 200
         async with asyncio.timeout(10):
             await stream.read()
+
+
+async def test_a_process_counts_against_max_sessions_from_spawn_to_exit(
+    tmp_path: Path, http: aiohttp.ClientSession
+):
+    """Initializes in waves 50 ms apart against `max_sessions: 2`: a process counted only once
+    its initialize was answered let every wave spawn more (36 live processes, 2.5 GB in the
+    report); now at most two processes ever run and the rest are refused overloaded."""
+    upstreams = {"st": stdio_upstream("st", max_sessions=2)}
+    me = psutil.Process()
+    most = 0
+
+    def children() -> int:
+        found = 0
+        for child in me.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                found += "mcp_stdio_server" in " ".join(child.cmdline())
+        return found
+
+    async with running_proxy(upstreams, tmp_path) as proxy:
+        clients = [RawMcp(http, proxy.mcp_url("st")) for _ in range(8)]
+        started = []
+        for client in clients:
+            started.append(asyncio.ensure_future(client.initialize()))
+            for _ in range(5):  # 50 ms between waves, watching the process count meanwhile
+                most = max(most, children())
+                await asyncio.sleep(0.01)
+        pending = asyncio.ensure_future(asyncio.gather(*started))
+        while not pending.done():
+            most = max(most, children())
+            await asyncio.sleep(0.01)
+        answers = await pending
+        opened = [c for c in clients if c.session_id]
+        refused = [a for a in answers if "error" in a.last]
+    assert most <= 2
+    assert len(opened) <= 2
+    assert len(opened) + len(refused) == 8
+    assert all(a.last["error"]["data"]["reason"] == "overloaded" for a in refused)

@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from proxy.telemetry import tracing
+from proxy.telemetry.tracing import hash_key
 from tests.integration.mcp_proxy_harness import RawMcp, RunningProxy, http_upstream, running_proxy
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
 
@@ -73,7 +74,10 @@ async def test_requests_are_server_spans_continuing_the_callers_trace(
     assert format(listing.context.trace_id, "032x") == TRACE_ID
     assert listing.attributes is not None
     assert listing.attributes["mcp.method.name"] == "tools/list"
-    assert listing.attributes["mcp.session.id"] == raw.session_id
+    # a session id is a bearer of the session (stdio): spans carry only its hash
+    assert raw.session_id is not None
+    assert listing.attributes["mcp.session.id"] == hash_key(raw.session_id)
+    assert raw.session_id not in str(dict(listing.attributes))
     assert listing.attributes["interlock.upstream"] == "up"
     assert listing.attributes["jsonrpc.request.id"] == "1"
     assert seen_upstream["traceparent"].split("-")[1] == TRACE_ID

@@ -23,6 +23,7 @@ from ledger import ClaimResult, LedgerError, LedgerStore, LedgerUnavailable, Sta
 from policies import answers
 from policies.retry import not_executed_statuses
 from proxy.errors import (
+    UpstreamAnswerTooLarge,
     UpstreamError,
     UpstreamLost,
     UpstreamNotReached,
@@ -90,7 +91,13 @@ async def run_side_effect(call: ToolCall, plan: ForwardPlan) -> JsonObject:
         await _release(call, store, lease, f"not executed: {exc}", None)
         raise
     except UpstreamLost as exc:
-        detail = "timed out" if isinstance(exc, UpstreamTimeout) else "connection lost"
+        detail = (
+            "timed out"
+            if isinstance(exc, UpstreamTimeout)
+            else str(exc)
+            if isinstance(exc, UpstreamAnswerTooLarge)
+            else "connection lost"
+        )
         await _mark_unknown(call, store, lease, f"{detail}: {exc}")
         return call.answer(answers.outcome_unknown(call.idempotency_key, entry_id, detail))
     except BaseException:

@@ -21,7 +21,12 @@ from policies.admission import AdmissionRequest
 from policies.attributes import BadAttribute, read_attributes
 from policies.classify import classify_tool
 from policies.keys import decide_key
-from proxy.errors import UpstreamLost, UpstreamNotReached, UpstreamPressure
+from proxy.errors import (
+    UpstreamAnswerTooLarge,
+    UpstreamLost,
+    UpstreamNotReached,
+    UpstreamPressure,
+)
 from proxy.mcp.catalog import learn_annotations, tool_annotations
 from proxy.mcp.pipeline.attempts import ForwardPlan, forward_with_retries
 from proxy.mcp.pipeline.context import (
@@ -97,7 +102,7 @@ async def handle_tools_call(
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": tool,
         "jsonrpc.request.id": str(request.get("id")),
-        "mcp.session.id": ctx.session_id,
+        "mcp.session.id": tracing.hash_key(ctx.session_id),
         "mcp.protocol.version": ctx.protocol_version,
         "interlock.upstream": ctx.upstream.name,
         "interlock.tenant": attrs.tenant,
@@ -269,6 +274,8 @@ async def _admit_and_run(call: ToolCall, send_upstream: SendUpstream, notify: No
         return await _refused(call, refused, record=False)
     except (UpstreamNotReached, UpstreamPressure) as exc:
         return _upstream_answer(call, exc)
+    except UpstreamAnswerTooLarge as exc:  # read-only: it ran, its answer cannot be held
+        return call.answer(answers.upstream_failed("response_too_large", str(exc)))
     except UpstreamLost as exc:  # read-only: nothing to reconcile, safe to repeat
         return call.answer(answers.upstream_failed("upstream_lost", str(exc)))
     finally:

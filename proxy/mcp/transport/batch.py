@@ -25,6 +25,7 @@ from proxy.mcp.transport.spans import traced
 from proxy.mcp.upstreams.channels import UpstreamChannel
 from proxy.mcp.upstreams.relay import ClientGone
 from proxy.mcp.wire.jsonrpc import Body, Message, dumps, wire_bytes
+from proxy.state import CONFIG
 
 __all__ = ["handle_batch"]
 
@@ -42,7 +43,17 @@ def _element_answer(message: Message, outcome: bytes | BaseException) -> bytes:
 
 
 async def handle_batch(pc: PostContext, body: Body) -> web.StreamResponse:
-    """Forward a batch and answer every request in it."""
+    """Forward a batch and answer every request in it (a batch over `max_batch` elements is
+    refused whole, before anything is sent)."""
+    limit = pc.app[CONFIG].edge.max_batch
+    if len(body.messages) + len(body.errors) > limit:
+        return answer_response(
+            bad_request(
+                CODE_INVALID_REQUEST,
+                "batch_too_large",
+                f"A JSON-RPC batch may hold at most {limit} elements (max_batch).",
+            )
+        )
     if pc.modern:
         return answer_response(
             bad_request(

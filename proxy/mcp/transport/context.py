@@ -113,6 +113,7 @@ async def channel_for(pc: PostContext) -> UpstreamChannel:
             modern=pc.modern,
             forward_authorization=not pc.app[CONFIG].tenant_api_keys,
             param_headers=param_headers(pc.app, pc.spec.name),
+            max_response_bytes=pc.app[CONFIG].max_response_bytes,
         )
     if pc.modern:
         return StdioChannel(await pc.transport.stdio.shared_process(pc.spec))

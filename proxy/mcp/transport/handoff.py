@@ -16,7 +16,7 @@ from proxy.mcp.pipeline.tools_call import McpCallContext, handle_tools_call
 from proxy.mcp.transport.reply import ClientReply
 from proxy.mcp.transport.sessions import session_info
 from proxy.mcp.upstreams.channels import UpstreamChannel
-from proxy.mcp.wire.jsonrpc import JsonObject, Message, dumps
+from proxy.mcp.wire.jsonrpc import JsonObject, Message
 from proxy.mcp.wire.tasks import TaskLine, declares_extension
 from proxy.state import RUNTIME
 
@@ -77,7 +77,7 @@ async def run_tools_call(
         )
 
     async def notify(note: JsonObject) -> None:
-        await reply.message(dumps(note))
+        await reply.own_message(note)
 
     task = asyncio.create_task(handle_tools_call(ctx, message.body, send_upstream, notify))
     runtime = app.get(RUNTIME)

@@ -7,6 +7,10 @@ final message then ends that stream. With no intermediate message the final one 
 `application/json` answer. A client that went away makes writes no-ops and sets the call's
 `client_gone` event (its write failed: it is gone).
 
+Progress stays increasing on every token: once the proxy has sent its own progress (while the
+call waited), a server's own notification on that token whose value would not increase is lifted
+just above the last value sent — the only change the proxy makes to a relayed message.
+
 `DisconnectWatcher` sets `client_gone` while nothing is being written (aiohttp does not cancel
 handlers by default, so the proxy notices a dropped connection itself).
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,12 +27,14 @@ from aiohttp import web
 
 from proxy.mcp.transport.resumption import StreamRecord
 from proxy.mcp.wire.headers import MCP_SESSION_ID_HEADER
-from proxy.mcp.wire.jsonrpc import WireMessage, wire_bytes
-from proxy.mcp.wire.sse import SSE_HEADERS, format_comment, format_event
+from proxy.mcp.wire.jsonrpc import WireMessage, dumps, wire_bytes
+from proxy.mcp.wire.sse import SSE_HEADERS, SseParser, format_comment, format_event
 
 __all__ = ["ClientReply", "DisconnectWatcher", "accepts_sse"]
 
 _JSON = "application/json"
+_PROGRESS = "notifications/progress"
+_LIFT = 0.000001  # how far above the proxy's own last value a server's lower progress is lifted
 _WRITE_ERRORS = (ConnectionError, RuntimeError)  # aiohttp raises these once the peer is gone
 
 
@@ -64,6 +71,9 @@ class ClientReply:
         self._record = record if sse_ok else None
         self._released = False  # the client was let go: the rest goes to the record only
         self.dropped = 0  # intermediate messages a JSON-only client could not receive
+        self._progress_floor: dict[Any, float] = {}
+        """Per progress token, the last value the proxy itself sent (only then are the
+        upstream's own progress notifications read, to keep the sequence increasing)."""
 
     @property
     def streaming(self) -> bool:
@@ -79,12 +89,48 @@ class ClientReply:
             if name.lower() == MCP_SESSION_ID_HEADER:
                 self._headers[name] = value
 
+    async def own_message(self, message: Mapping[str, Any]) -> None:
+        """A message of the proxy's own (e.g. its `queued` progress) for the client's stream."""
+        params = message.get("params")
+        if message.get("method") == _PROGRESS and isinstance(params, dict):
+            value = params.get("progress")
+            if isinstance(value, int | float):
+                self._progress_floor[params.get("progressToken")] = float(value)
+        await self.message(dumps(message))
+
     async def message(self, data: bytes) -> None:
+        if self._progress_floor:
+            data = self._lifted(data) or data
         event_id = self._record.mint_id() if self._record is not None else None
         await self._write(format_event(data, event_id=event_id), event_id)
 
     async def event(self, frame: bytes, event_id: str | None) -> None:
+        if self._progress_floor:
+            for parsed in SseParser().feed(frame if frame.endswith(b"\n\n") else frame + b"\n\n"):
+                if parsed.data and (lifted := self._lifted(parsed.data.encode())) is not None:
+                    frame = format_event(lifted, event_id=event_id)
         await self._write(frame, event_id)
+
+    def _lifted(self, data: bytes) -> bytes | None:
+        """The upstream's progress notification with its value raised just above the proxy's
+        last one on that token, when it would otherwise go backwards; None when it need not."""
+        try:
+            message = json.loads(data)
+        except ValueError:
+            return None
+        params = message.get("params") if isinstance(message, dict) else None
+        if message.get("method") != _PROGRESS or not isinstance(params, dict):
+            return None
+        token = params.get("progressToken")
+        value = params.get("progress")
+        floor = self._progress_floor.get(token)
+        if floor is None or not isinstance(value, int | float) or value > floor:
+            if floor is not None and isinstance(value, int | float):
+                self._progress_floor[token] = float(value)
+            return None
+        lifted = round(floor + _LIFT, 9)
+        self._progress_floor[token] = lifted
+        return dumps({**message, "params": {**params, "progress": lifted}})
 
     async def comment(self, raw: bytes) -> None:
         await self._write(raw if raw.endswith(b"\n") else format_comment(), None, record=False)

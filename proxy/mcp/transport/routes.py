@@ -56,7 +56,8 @@ def setup_mcp(
     config = app[CONFIG]
     app[MCP_TRANSPORT] = McpTransport(
         stdio=StdioUpstreams(
-            idle_s=stdio_idle_s, max_line_bytes=default_max_line_bytes(config.max_body_bytes)
+            idle_s=stdio_idle_s,
+            max_line_bytes=default_max_line_bytes(config.max_body_bytes, config.max_response_bytes),
         ),
         watcher=DisconnectWatcher(disconnect_poll_s),
     )

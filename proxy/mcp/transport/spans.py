@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from policies.model import UpstreamSpec
 from proxy.mcp.wire.jsonrpc import Message
 from proxy.telemetry import metrics
-from proxy.telemetry.tracing import Attr, call_span, mark_error, mcp_span_name
+from proxy.telemetry.tracing import Attr, call_span, hash_key, mark_error, mcp_span_name
 
 __all__ = ["CallOutcome", "traced"]
 
@@ -54,7 +54,7 @@ def traced(
     target = tool if isinstance(tool, str) else spec.name
     attributes: dict[str, Any] = {
         Attr.MCP_METHOD: method,
-        Attr.MCP_SESSION_ID: session_id,
+        Attr.MCP_SESSION_ID: hash_key(session_id),  # a stdio session id is its bearer
         Attr.MCP_PROTOCOL_VERSION: protocol_version,
         Attr.JSONRPC_REQUEST_ID: None if message.id is None else str(message.id),
         Attr.UPSTREAM: spec.name,

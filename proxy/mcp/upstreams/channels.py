@@ -82,8 +82,10 @@ class HttpChannel:
         modern: bool,
         forward_authorization: bool,
         param_headers: Mapping[str, ParamHeaders],
+        max_response_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self._spec = spec
+        self._max_response_bytes = max_response_bytes
         self._modern = modern
         self._session = session
         self._param_headers = param_headers
@@ -123,6 +125,7 @@ class HttpChannel:
             headers=self._request_headers(message, None if unchanged else original),
             relay=relay,
             timeout_s=timeout_s,
+            max_bytes=self._max_response_bytes,
             cancel=cancel,
         )
 

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 
 from policies.model import UpstreamSpec
-from proxy.errors import UpstreamLost
+from proxy.errors import UpstreamAnswerTooLarge, UpstreamLost
 from proxy.mcp.upstreams.relay import Relay
 from proxy.mcp.wire.jsonrpc import WireMessage, id_key, read_upstream_message
 from proxy.mcp.wire.sse import SseEvent, SseParser
@@ -34,10 +34,13 @@ class SseAnswer:
     resumed as a client would: after the server's `retry` delay, `GET` with `Last-Event-ID`.
     """
 
-    def __init__(self, spec: UpstreamSpec, request_id: Any, relay: Relay) -> None:
+    def __init__(
+        self, spec: UpstreamSpec, request_id: Any, relay: Relay, *, max_bytes: int
+    ) -> None:
         self._spec = spec
         self._wanted = id_key(request_id)
         self._relay = relay
+        self._max_bytes = max_bytes
         self.last_event_id: str | None = None
         self._retry_ms: int | None = None
 
@@ -47,9 +50,13 @@ class SseAnswer:
         Raises:
             UpstreamLost: the stream ended without the response and without an event id.
         """
-        parser = SseParser()
+        parser = SseParser(max_event_bytes=self._max_bytes)
         async for chunk in upstream.content.iter_any():
-            for event in parser.feed(chunk):
+            try:
+                events = parser.feed(chunk)
+            except ValueError:  # one event larger than the proxy holds
+                raise UpstreamAnswerTooLarge(self._spec.name, self._max_bytes) from None
+            for event in events:
                 answer = await self._take(event)
                 if answer is not None:
                     return answer

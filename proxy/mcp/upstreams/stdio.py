@@ -29,7 +29,7 @@ from typing import Any
 from mcp.client.stdio import get_default_environment
 
 from policies.model import UpstreamSpec
-from proxy.errors import UpstreamLost, UpstreamNotReached, UpstreamTimeout
+from proxy.errors import UpstreamAnswerTooLarge, UpstreamLost, UpstreamNotReached, UpstreamTimeout
 from proxy.mcp.upstreams.relay import Relay, cancelled_when
 from proxy.mcp.wire.jsonrpc import (
     JsonObject,
@@ -82,6 +82,7 @@ class StdioProcess:
         self.last_active = time.monotonic()
         self.exited = asyncio.Event()
         self._max_line = max_line_bytes
+        self._too_large = False  # a line over `_max_line` ended the process
         self._proc: asyncio.subprocess.Process | None = None
         self._pending: dict[str, _Pending] = {}
         self._tokens: dict[str, _Pending] = {}
@@ -98,6 +99,11 @@ class StdioProcess:
     @property
     def alive(self) -> bool:
         return self._proc is not None and not self.exited.is_set()
+
+    @property
+    def ended(self) -> bool:
+        """The process has exited and been reaped (not merely closed its pipes)."""
+        return self._proc is not None and self._proc.returncode is not None
 
     @property
     def busy(self) -> bool:
@@ -268,6 +274,7 @@ class StdioProcess:
                 if line:
                     await self._route(line)
         except ValueError as exc:  # a line over the limit: the stream cannot be resynchronised
+            self._too_large = True
             log.error(
                 "%s: stdio line over %d bytes (%s); stopping it",
                 self.spec.name,
@@ -349,7 +356,11 @@ class StdioProcess:
     async def _on_exit(self) -> None:
         self.exited.set()
         self._unsolicited_ready.set()
-        lost = UpstreamLost(f"{self.spec.name}: the stdio process exited before answering")
+        lost: UpstreamLost = (
+            UpstreamAnswerTooLarge(self.spec.name, self._max_line)
+            if self._too_large
+            else UpstreamLost(f"{self.spec.name}: the stdio process exited before answering")
+        )
         for pending in list(self._pending.values()):
             if not pending.future.done():
                 pending.future.set_exception(lost)

@@ -40,7 +40,9 @@ class StdioUpstreams:
         self._shared_lock = asyncio.Lock()
         self._reaper: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
-        self._starting: dict[str, int] = {}
+        self._spawned: dict[str, set[StdioProcess]] = {}
+        """Session processes per upstream from spawn until they exit (what `max_sessions` caps:
+        a process answering its `initialize`, or being closed, still counts)."""
 
     async def spawn_session_process(self, spec: UpstreamSpec) -> StdioProcess:
         """A new process for a handshake-era session (register it once `initialize` succeeded).
@@ -49,15 +51,17 @@ class StdioUpstreams:
             SessionCapReached: `spec.max_sessions` sessions are live (or starting) already.
             UpstreamNotReached: the process could not be started.
         """
-        live = sum(1 for p in self._sessions.values() if p.spec.name == spec.name and p.alive)
-        if live + self._starting.get(spec.name, 0) >= spec.max_sessions:
+        spawned = self._spawned.setdefault(spec.name, set())
+        spawned.difference_update([p for p in spawned if p.ended])
+        if len(spawned) >= spec.max_sessions:
             raise SessionCapReached(f"{spec.name}: {spec.max_sessions} stdio sessions are live")
-        self._starting[spec.name] = self._starting.get(spec.name, 0) + 1
+        process = StdioProcess(spec, shared=False, max_line_bytes=self._max_line)
+        spawned.add(process)
         try:
-            process = StdioProcess(spec, shared=False, max_line_bytes=self._max_line)
             await process.start()
-        finally:
-            self._starting[spec.name] -= 1
+        except BaseException:
+            spawned.discard(process)
+            raise
         return process
 
     def register_session(self, process: StdioProcess) -> str:
@@ -144,6 +148,7 @@ class StdioUpstreams:
         await asyncio.gather(*(p.close() for p in processes), *self._closing)
 
 
-def default_max_line_bytes(max_body_bytes: int) -> int:
-    """stdout lines (tool results) may be larger than request bodies; bound them generously."""
-    return max(16 * 1024 * 1024, 4 * max_body_bytes)
+def default_max_line_bytes(max_body_bytes: int, max_response_bytes: int = 16 * 1024 * 1024) -> int:
+    """The longest line a stdio process may write: its largest answer (`max_response_bytes`), or
+    a request of the client's that it echoes, whichever is larger."""
+    return max(max_response_bytes, max_body_bytes) + 64 * 1024

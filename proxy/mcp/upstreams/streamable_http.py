@@ -25,6 +25,7 @@ from aiohttp import web
 
 from policies.model import UpstreamSpec
 from proxy.errors import (
+    UpstreamAnswerTooLarge,
     UpstreamLost,
     UpstreamNotReached,
     UpstreamPressure,
@@ -41,6 +42,7 @@ __all__ = ["PRESSURE_STATUSES", "HttpUpstreams", "ResponseTap", "exchange_http",
 
 PRESSURE_STATUSES = frozenset({429, 503, 529})
 _ERROR_BODY_CAP = 64 * 1024
+_POOL_WAIT_S = 30.0  # the longest a request waits for a free connection to its upstream
 _JSON_BODY_CAP = 64 * 1024 * 1024
 
 
@@ -56,9 +58,12 @@ class HttpUpstreams:
             session = aiohttp.ClientSession(
                 auto_decompress=False,
                 # No total or read timeout: SSE streams live as long as the call; each exchange
-                # has its own per-attempt timeout.
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-                connector=aiohttp.TCPConnector(limit=0, force_close=False),
+                # has its own per-attempt timeout. `connect` bounds the wait for a pool slot:
+                # every request to the upstream holds one of `max_connections`.
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=10, connect=spec.timeout_s or _POOL_WAIT_S
+                ),
+                connector=aiohttp.TCPConnector(limit=spec.max_connections, force_close=False),
                 skip_auto_headers=("User-Agent",),
             )
             self._sessions[spec.name] = session
@@ -195,8 +200,11 @@ async def exchange_http(
     relay: Relay,
     timeout_s: float,
     cancel: asyncio.Event | None = None,
+    max_bytes: int = 16 * 1024 * 1024,
 ) -> WireMessage:
     """POST one JSON-RPC request; return its final response, relaying what comes before it.
+
+    An answer larger than `max_bytes` is never held: `UpstreamAnswerTooLarge`.
 
     `cancel` (the client went away, modern era) aborts the upstream request: closing the stream
     is the cancellation signal of the 2026-07-28 protocol. Already set, nothing is sent.
@@ -210,7 +218,7 @@ async def exchange_http(
     try:
         with cancelled_when(cancel) as trip:
             async with asyncio.timeout(timeout_s):
-                return await _exchange(session, spec, request_id, body, headers, relay)
+                return await _exchange(session, spec, request_id, body, headers, relay, max_bytes)
     except TimeoutError:
         raise UpstreamTimeout(f"{spec.name}: no answer within {timeout_s:g} s") from None
     except asyncio.CancelledError:
@@ -228,6 +236,7 @@ async def _exchange(
     body: bytes,
     headers: Mapping[str, str],
     relay: Relay,
+    max_bytes: int,
 ) -> WireMessage:
     assert spec.url is not None
     async with _mapped_errors(spec):
@@ -247,8 +256,9 @@ async def _exchange(
             relay_start(upstream.headers)
         async with _mapped_errors(spec):
             if not is_sse(upstream):
-                return _json_answer(spec, await upstream.read(), request_id)
-            stream = SseAnswer(spec, request_id, relay)
+                data = await _read_within(upstream, spec, max_bytes)
+                return _json_answer(spec, data, request_id)
+            stream = SseAnswer(spec, request_id, relay, max_bytes=max_bytes)
             if (answer := await stream.read(upstream)) is not None:
                 return answer
     # The stream ended after giving an event id: the request arrived and the server let go of the
@@ -261,6 +271,21 @@ async def _exchange(
         # The request itself arrived (it was given an event id): whatever breaks now, it may
         # have run, so it is lost, never "not sent".
         raise UpstreamLost(f"{spec.name}: the request arrived; resuming its stream failed") from exc
+
+
+async def _read_within(upstream: aiohttp.ClientResponse, spec: UpstreamSpec, limit: int) -> bytes:
+    """The whole body, or `UpstreamAnswerTooLarge` as soon as it passes `limit` bytes."""
+    length = upstream.content_length
+    if length is not None and length > limit:
+        raise UpstreamAnswerTooLarge(spec.name, limit)
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in upstream.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise UpstreamAnswerTooLarge(spec.name, limit)
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def _json_answer(spec: UpstreamSpec, data: bytes, request_id: Any) -> WireMessage:
