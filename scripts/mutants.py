@@ -81,6 +81,23 @@ MUTANTS = (
         why="two replicas both start the same accepted work",
     ),
     Mutant(
+        name="deferred work takes the interactive share",
+        path="policies/admission.py",
+        module="policies.admission",
+        edits=(
+            (
+                "    unfilled = live_reserve(config, scope, band, load) if deferred else 0\n",
+                "    unfilled = 0\n",
+            ),
+        ),
+        tests=(
+            "tests/unit/test_admission.py::"
+            "test_deferred_work_leaves_the_share_of_bands_that_cannot_wait",
+            "tests/integration/test_deferred_fairness.py",
+        ),
+        why="a flood of deferred bulk work refuses interactive calls within their share",
+    ),
+    Mutant(
         name="acknowledge before COMMIT",
         path="ledger/writer.py",
         module="ledger.writer",
