@@ -25,6 +25,7 @@ from ledger.deferred_ops import (
     Defer,
     DeferResult,
     FinishDeferred,
+    NoteUpstreamTask,
     Requeue,
 )
 from ledger.deferred_queries import UPSTREAM_TASK_PREFIX, Candidate
@@ -140,7 +141,34 @@ class DeferredWork:
         result: CancelResult = await self._submit(CancelDeferred(entry_id, actor, reason))
         return result
 
+    async def note_upstream_task(self, entry_id: str, upstream: str, task_id: str) -> EntryView:
+        """The call of `entry_id` was answered with the upstream's own task `task_id`.
+
+        Raises:
+            EntryNotFound, LedgerUnavailable.
+        """
+        op = NoteUpstreamTask(entry_id, upstream_task_id(upstream, task_id))
+        entry: EntryView = await self._submit(op)
+        return entry
+
     # -- reads ----------------------------------------------------------------------------
+
+    async def task_owner(self, task_id: str) -> str | None:
+        """The tenant of task `task_id` as the ledger names it (None: unknown).
+
+        Raises:
+            LedgerUnavailable.
+        """
+        async with self._reading("task") as conn:
+            return await deferred_queries.task_owner(conn, task_id)
+
+    async def upstream_task_owner(self, upstream: str, task_id: str) -> str | None:
+        """The tenant whose call got `upstream`'s own task `task_id` (None: not recorded).
+
+        Raises:
+            LedgerUnavailable.
+        """
+        return await self.task_owner(upstream_task_id(upstream, task_id))
 
     async def task(self, task_id: str, tenant: str) -> EntryView | None:
         """Task `task_id` of tenant `tenant` (None: no such task for this tenant).

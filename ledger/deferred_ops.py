@@ -40,6 +40,7 @@ __all__ = [
     "DeferKind",
     "DeferResult",
     "FinishDeferred",
+    "NoteUpstreamTask",
     "Requeue",
     "new_task_id",
 ]
@@ -283,3 +284,26 @@ class CancelDeferred:
         _bump(ws, row, -1)
         ws.record(row, _S.ACCEPTED, at=ctx.now, actor=self.actor, reason=self.reason)
         return CancelResult("cancelled", row.view())
+
+
+@dataclass(frozen=True, slots=True)
+class NoteUpstreamTask:
+    """The upstream answered the call with a task of its own: the entry keeps its id (its
+    outcome is the handle the caller got), so later `tasks/*` for it are known to be the
+    upstream's and to belong to this entry's tenant."""
+
+    entry_id: str
+    task_id: str
+
+    def declare(self, needs: Needs) -> None:
+        needs.ids.add(self.entry_id)
+
+    def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView:
+        row = _get(ws, self.entry_id)
+        row.task_id = self.task_id
+        ws.touch(row, ctx.now)
+        evidence = {"task_id": self.task_id}
+        ws.record(
+            row, row.state, at=ctx.now, actor=ctx.owner, reason="upstream_task", evidence=evidence
+        )
+        return row.view()

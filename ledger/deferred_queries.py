@@ -30,6 +30,7 @@ __all__ = [
     "candidates",
     "find_task",
     "list_tasks",
+    "task_owner",
 ]
 
 _ACCEPTED = EntryState.ACCEPTED.value
@@ -154,6 +155,13 @@ async def find_task(conn: AsyncConnection, task_id: str, tenant: str) -> EntryRo
     stmt = _select_rows().where(ENTRIES.c.task_id == task_id, ENTRIES.c.tenant == tenant)
     rows = _rows(await conn.execute(stmt))
     return rows[0] if rows else None
+
+
+async def task_owner(conn: AsyncConnection, task_id: str) -> str | None:
+    """The tenant whose entry holds task `task_id` (None: no entry does)."""
+    stmt = sa.select(ENTRIES.c.tenant).where(ENTRIES.c.task_id == task_id).limit(1)
+    value = (await conn.execute(stmt)).scalar()
+    return None if value is None else str(value)
 
 
 async def list_tasks(

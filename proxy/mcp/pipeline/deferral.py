@@ -28,6 +28,7 @@ from policies.deferral import (
 from policies.keys import decide_key
 from policies.model import Config, KeyRecipe
 from policies.redaction import redacted
+from proxy.mcp.catalog import tool_task_support
 from proxy.mcp.pipeline.context import JsonObject, ToolCall
 from proxy.mcp.pipeline.outcomes import decode_replay
 from proxy.mcp.wire.tasks import (
@@ -53,10 +54,13 @@ def asked_for_task(call: ToolCall) -> bool:
 
 
 def wants_task(call: ToolCall) -> bool:
-    """Whether this call becomes a task if it cannot start now (or always, if it asked)."""
+    """Whether this call becomes a task of the proxy's if it cannot start now (or always, if it
+    asked). A call that asks a tool running tasks itself goes to it: its task is relayed."""
     if call.ctx.task_line is None:
         return False
-    return asked_for_task(call) or band_defers(call.ctx.app[CONFIG], call.work_class)
+    if asked_for_task(call):
+        return tool_task_support(call.ctx.app, call.ctx.upstream.name, call.tool) is None
+    return band_defers(call.ctx.app[CONFIG], call.work_class)
 
 
 def task_view(config: Config, entry: EntryView, line: TaskLine) -> TaskView:

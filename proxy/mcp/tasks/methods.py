@@ -121,8 +121,15 @@ async def _find(
         raise _Refused(answers.ledger_unavailable(str(exc))) from exc
     if entry is not None and entry.upstream == pc.spec.name:
         return entry
-    if entry is None and runs_tasks(pc.app, pc.spec.name):
-        return None
+    if entry is None:
+        try:
+            owner = await store.deferred.upstream_task_owner(pc.spec.name, task_id)
+        except LedgerError as exc:
+            raise _Refused(answers.ledger_unavailable(str(exc))) from exc
+        if owner == tenant:
+            return None  # the upstream's own task, created for this tenant's call
+        if owner is None and (pc.modern or runs_tasks(pc.app, pc.spec.name)):
+            return None  # not recorded (a read-only call's): the upstream's to answer
     raise _Refused(answers.task_not_found(task_id))
 
 

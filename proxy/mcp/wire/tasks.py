@@ -26,6 +26,7 @@ __all__ = [
     "TaskView",
     "core_create_result",
     "core_task",
+    "created_task_id",
     "declares_core_tasks",
     "declares_extension",
     "extension_create_result",
@@ -117,3 +118,17 @@ def declares_core_tasks(initialize_params: Mapping[str, Any]) -> bool:
     """Whether a 2025-11-25 `initialize` declares the client's `tasks` capability."""
     capabilities = initialize_params.get("capabilities")
     return isinstance(capabilities, dict) and isinstance(capabilities.get("tasks"), dict)
+
+
+def created_task_id(response: Mapping[str, Any]) -> str | None:
+    """The task id when a `tools/call` response is a `CreateTaskResult` of either line (the
+    upstream runs the call as a task of its own), else None."""
+    result = response.get("result")
+    if not isinstance(result, dict):
+        return None
+    if result.get("resultType") == "task" and isinstance(result.get("taskId"), str):
+        return str(result["taskId"])
+    task = result.get("task")
+    if isinstance(task, dict) and isinstance(task.get("taskId"), str) and "content" not in result:
+        return str(task["taskId"])
+    return None
