@@ -69,6 +69,7 @@ class StateReading:
     cooldown_remaining_s: Mapping[str, float] = field(default_factory=dict)
     ledger_entries: Mapping[str, int] | None = None
     ledger_oldest_unknown_s: float | None = None
+    ledger_oldest_accepted_s: float | None = None
     ledger_up: bool = True
 
 
@@ -220,6 +221,21 @@ class _Instruments:
             ],
             "s",
             "Age of the oldest entry in state unknown (absent when there is none)",
+        )
+        g(
+            "interlock.ledger.oldest_accepted_age",
+            [
+                _observe(
+                    lambda r: (
+                        []
+                        if r.ledger_oldest_accepted_s is None
+                        else [({}, r.ledger_oldest_accepted_s)]
+                    )
+                )
+            ],
+            "s",
+            "Age of the oldest entry in state accepted: deferred work waiting to start "
+            "(absent when there is none)",
         )
         g(
             "interlock.ledger.up",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import openai
 import pytest
 
 from ledger import EntryState
-from tests.integration import fake_provider
+from tests.integration import fake_provider, otlp_receiver
 from tests.integration.fake_provider import FakeProvider, wait_until
 from tests.integration.proxy_harness import RunningProxy, running_proxy
 
@@ -24,6 +25,8 @@ ACME = {"X-Interlock-Tenant": "acme"}
 ASYNC = {"Prefer": "respond-async", **ACME}
 
 provider = fake_provider.provider
+receiver = otlp_receiver.receiver
+traced = otlp_receiver.traced
 
 
 def _config(provider: FakeProvider, deferred: str = "") -> str:
@@ -294,3 +297,30 @@ async def test_the_job_answer_of_a_side_effect_is_replayed_to_the_same_key(
     assert replay.headers["Idempotent-Replayed"] == "true"
     assert replay.body == provider.answers["same"]
     assert provider.executions["same"] == 1
+
+
+async def test_the_jobs_span_links_to_the_call_that_created_it(
+    provider: FakeProvider, tmp_path: Path, http: aiohttp.ClientSession, receiver: Any, traced: Any
+) -> None:
+    """The job runs in a trace of its own whose span links to the SERVER span of the request
+    that was answered 202 (marked `deferred`), and carries the entry and attempt."""
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    async with running_proxy(_config(provider), tmp_path) as proxy:
+        held = await _saturate(proxy, provider, http)
+        headers = {**ASYNC, "traceparent": f"00-{trace_id}-{span_id}-01"}
+        location = (await _defer(proxy, http, "traced", headers)).headers["Location"]
+        provider.action_gate.set()  # type: ignore[union-attr]
+        await held
+        await _poll(proxy, http, location)
+        created = await receiver.wait_for_span(
+            lambda s: s.trace_id == trace_id and s.kind == "SERVER"
+        )
+        run = await receiver.wait_for_span(lambda s: s.name.startswith("interlock.deferred.run"))
+    assert created.attributes["interlock.admission.decision"] == "deferred"
+    assert run.kind == "CONSUMER"
+    assert run.trace_id != trace_id
+    assert run.links == ((trace_id, created.span_id),)
+    assert run.attributes["interlock.deferred"] is True
+    assert run.attributes["interlock.attempt"] == 1
+    assert run.attributes["interlock.ledger.state"] == "succeeded"
+    assert run.attributes["interlock.ledger.entry_id"]
