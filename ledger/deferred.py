@@ -102,14 +102,22 @@ class DeferredWork:
         return claimed
 
     async def requeue(
-        self, entry_id: str, token: int, *, reason: str, retry_after_s: float | None
+        self,
+        entry_id: str,
+        token: int,
+        *,
+        reason: str,
+        retry_after_s: float | None,
+        give_up: bool = False,
     ) -> EntryView:
-        """The attempt certainly did not run: back in line (running → rejected → accepted).
+        """The attempt certainly did not run: back in line (running → rejected → accepted), or
+        with `give_up` refused for good (rejected, its request forgotten).
 
         Raises:
             StaleToken, IllegalTransition, EntryNotFound, LedgerUnavailable: as `finish`.
         """
-        entry: EntryView = await self._submit(Requeue(entry_id, token, reason, retry_after_s))
+        op = Requeue(entry_id, token, reason, retry_after_s, give_up)
+        entry: EntryView = await self._submit(op)
         return entry
 
     async def finish(

@@ -199,12 +199,14 @@ class ClaimDeferred:
 @dataclass(frozen=True, slots=True)
 class Requeue:
     """A deferred attempt that certainly did not run goes back in line: running → rejected (this
-    attempt) → accepted (the work), same task, same request."""
+    attempt) → accepted (the work), same task, same request. With `give_up` it stays rejected
+    (the attempts are spent, or the request cannot be sent) and its request is forgotten."""
 
     entry_id: str
     token: int
     reason: str
     retry_after_s: float | None
+    give_up: bool = False
 
     def declare(self, needs: Needs) -> None:
         needs.ids.add(self.entry_id)
@@ -228,6 +230,10 @@ class Requeue:
         ws.record(
             row, _S.RUNNING, at=ctx.now, actor=ctx.owner, reason=self.reason, evidence=evidence
         )
+        if self.give_up:
+            row.request = None
+            row.finished_at = ctx.now
+            return row.view()
         row.state = _S.ACCEPTED
         ws.record(row, _S.REJECTED, at=ctx.now, actor=ctx.owner, reason="deferred_again")
         return row.view()

@@ -138,23 +138,19 @@ class DeferredJob:
         refused for good (rejected)."""
         limit = self.app[CONFIG].deferred.max_attempts
         entry_id, token = self.lease.entry_id, self.lease.token
-        if self.entry.attempt >= limit:
-            why = f"given up after {self.entry.attempt} attempts that did not run: {reason}"
-
-            async def give_up() -> EntryView:
-                return await self.store.release_unsent(
-                    entry_id, token, reason=why, retry_after_s=retry_after_s
-                )
-
-            await self._record("rejected", give_up)
-            return
+        spent = self.entry.attempt >= limit
+        why = f"given up after {self.entry.attempt} attempts that did not run: {reason}"
 
         async def requeue() -> EntryView:
             return await self.store.deferred.requeue(
-                entry_id, token, reason=reason, retry_after_s=retry_after_s
+                entry_id,
+                token,
+                reason=why if spent else reason,
+                retry_after_s=retry_after_s,
+                give_up=spent,
             )
 
-        await self._record("accepted", requeue)
+        await self._record("rejected" if spent else "accepted", requeue)
 
     async def _record(self, state: str, write: Callable[[], Awaitable[EntryView]]) -> None:
         """Write it, retried while the ledger cannot take it and the lease still holds (a lease
@@ -366,7 +362,15 @@ class Dispatcher:
         try:
             envelope = decode_envelope(entry.request)
         except ValueError:
-            log.error("deferred entry %s holds no readable request", entry.id)
+            log.error("deferred entry %s holds no readable request: refused", entry.id)
+            with contextlib.suppress(LedgerError):
+                await store.deferred.requeue(
+                    entry.id,
+                    entry.fencing_token,
+                    reason="not sent: its request could not be read",
+                    retry_after_s=None,
+                    give_up=True,
+                )
             return
         attributes = {
             tracing.Attr.UPSTREAM: spec.name,

@@ -278,7 +278,7 @@ def refusal(reason: str, scope: str, upstream: str) -> None:
 
 
 def admission(decision: str, upstream: str, reason: str | None = None) -> None:
-    """An admission decision: admitted | queued | rejected | observed."""
+    """An admission decision: admitted | queued | rejected | observed | deferred."""
     attrs = {"decision": decision, "upstream": _upstream(upstream)}
     if reason:
         attrs["reason"] = labels.bounded("reason", reason)

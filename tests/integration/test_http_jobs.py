@@ -324,3 +324,24 @@ async def test_the_jobs_span_links_to_the_call_that_created_it(
     assert run.attributes["interlock.attempt"] == 1
     assert run.attributes["interlock.ledger.state"] == "succeeded"
     assert run.attributes["interlock.ledger.entry_id"]
+
+
+async def test_a_job_whose_attempts_never_run_is_given_up(
+    provider: FakeProvider, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """With `deferred.max_attempts: 2`, a job the upstream refuses (429) twice ends refused:
+    GET says it never ran (409 `task_refused`), and the upstream executed nothing."""
+    async with running_proxy(_config(provider, ", max_attempts: 2"), tmp_path) as proxy:
+        held = await _saturate(proxy, provider, http)
+        location = (await _defer(proxy, http, "refused")).headers["Location"]
+        provider.script("429:retry-after:0.1", "429:retry-after:0.1")
+        provider.action_gate.set()  # type: ignore[union-attr]
+        await held
+        ended = await _poll(proxy, http, location)
+        assert ended.status == 409
+        error = ended.json()["error"]
+        assert error["reason"] == "task_refused"
+        assert "given up after 2 attempts" in error["detail"]
+        assert provider.executions["refused"] == 0
+        entry, _ = await proxy.store.get("refused")
+        assert (entry.state, entry.attempt, entry.request) == (EntryState.REJECTED, 2, None)

@@ -280,3 +280,34 @@ async def test_three_processes_racing_for_waiting_work_start_each_once(
     running = await ledger_store.list_entries(state="running", limit=500)
     assert len(running) == 200
     assert {e.attempt for e in running} == {1}
+
+
+async def test_an_attempt_given_up_ends_rejected_and_forgets_its_request(
+    ledger_store: LedgerStore,
+) -> None:
+    """A requeue that gives up (attempts spent) leaves the work rejected, its request dropped,
+    and nothing left to claim."""
+    entry = (await _defer(ledger_store)).entry
+    claimed = await ledger_store.deferred.claim(entry.id)
+    assert claimed is not None
+    done = await ledger_store.deferred.requeue(
+        entry.id, claimed.fencing_token, reason="given up", retry_after_s=None, give_up=True
+    )
+    assert done.state is EntryState.REJECTED
+    assert done.request is None
+    assert (done.error, done.task_id) == ("given up", entry.task_id)
+    assert await ledger_store.deferred.claim(entry.id) is None
+    assert await ledger_store.deferred.candidates(10) == []
+
+
+async def test_a_cancelled_tasks_key_sent_live_again_is_no_longer_that_task(
+    ledger_store: LedgerStore,
+) -> None:
+    """Once its task was cancelled, the key sent again runs as a live attempt of the same entry,
+    and the old task id names nothing any more."""
+    entry = (await _defer(ledger_store)).entry
+    await ledger_store.deferred.cancel(entry.id, actor="a", reason=CANCELLED)
+    live = await ledger_store.claim(claim_request("k"))
+    assert (live.kind, live.entry.id, live.entry.task_id) == ("new", entry.id, None)
+    assert entry.task_id is not None
+    assert await ledger_store.deferred.task(entry.task_id, "acme") is None

@@ -86,6 +86,9 @@ async def defer_or_start(call: ToolCall, admission: AdmissionRequest) -> JsonObj
     if not asked_for_task(call):
         slot = call.ctx.app[SCHEDULER].try_admit(admission)
         if slot is not None:
+            metrics.admission("admitted", call.ctx.upstream.name)
+            metrics.queue_wait(call.ctx.upstream.name, 0.0)
+            call.span.set_attribute(tracing.Attr.ADMISSION_DECISION, "admitted")
             return slot
     return await _defer(call)
 
