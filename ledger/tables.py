@@ -92,7 +92,14 @@ class LedgerEntry(SQLModel, table=True):
         sa.Index("ix_ledger_entries_upstream_state", "upstream", "state"),
         sa.Index("ix_ledger_entries_tenant_created", "tenant", "created_at"),
         sa.Index("ix_ledger_entries_created", "created_at"),
-        sa.Index("uq_ledger_entries_task", "task_id", unique=True),
+        # Partial: most entries have no task, and a claim should not pay for indexing a NULL.
+        sa.Index(
+            "uq_ledger_entries_task",
+            "task_id",
+            unique=True,
+            sqlite_where=sa.text("task_id IS NOT NULL"),
+            postgresql_where=sa.text("task_id IS NOT NULL"),
+        ),
     )
 
     id: str = Field(primary_key=True, max_length=32)

@@ -20,7 +20,13 @@ def upgrade() -> None:
     with op.batch_alter_table("ledger_entries") as batch:
         batch.add_column(sa.Column("task_id", sa.String(length=64), nullable=True))
         batch.add_column(sa.Column("request", sa.LargeBinary(), nullable=True))
-        batch.create_index("uq_ledger_entries_task", ["task_id"], unique=True)
+        batch.create_index(
+            "uq_ledger_entries_task",
+            ["task_id"],
+            unique=True,
+            sqlite_where=sa.text("task_id IS NOT NULL"),
+            postgresql_where=sa.text("task_id IS NOT NULL"),
+        )
 
 
 def downgrade() -> None:
