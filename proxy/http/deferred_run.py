@@ -30,7 +30,8 @@ from proxy.http.headers import request_headers
 from proxy.http.outcomes import KeptBody, outcome_of
 from proxy.http.paths import UnsafePath, upstream_target
 from proxy.http.upstream import HTTP_SESSIONS, open_upstream, read_chunk
-from proxy.runtime.deferred import DEFERRED, DeferredJob
+from proxy.runtime.deferred import DEFERRED
+from proxy.runtime.deferred_job import DeferredJob
 from proxy.runtime.upstream_pressure import start_cooldown
 from proxy.state import CONFIG, SCHEDULER
 from proxy.telemetry import metrics, tracing

@@ -32,7 +32,8 @@ from policies.model import KeyRecipe
 from proxy.http.context import HttpCall
 from proxy.http.headers import request_headers
 from proxy.http.outcomes import stored_response
-from proxy.runtime.deferred import DEFERRED, deferral_refusal, encode_envelope
+from proxy.runtime.deferred import DEFERRED
+from proxy.runtime.deferred_job import deferral_refusal, encode_envelope
 from proxy.state import CONFIG, LEDGER, SCHEDULER
 from proxy.telemetry import metrics, tracing
 

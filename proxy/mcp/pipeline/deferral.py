@@ -37,7 +37,8 @@ from proxy.mcp.wire.tasks import (
     core_create_result,
     extension_create_result,
 )
-from proxy.runtime.deferred import DEFERRED, deferral_refusal, encode_envelope
+from proxy.runtime.deferred import DEFERRED
+from proxy.runtime.deferred_job import deferral_refusal, encode_envelope
 from proxy.runtime.scheduler import Slot
 from proxy.state import CONFIG, LEDGER, SCHEDULER
 from proxy.telemetry import metrics, tracing

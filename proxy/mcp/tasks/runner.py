@@ -39,7 +39,8 @@ from proxy.mcp.tasks.channels import DeferredChannels, NoRelay
 from proxy.mcp.transport.sessions import MCP_TRANSPORT
 from proxy.mcp.wire.jsonrpc import JsonObject
 from proxy.mcp.wire.tasks import CLIENT_CAPABILITIES_META, TASKS_EXTENSION
-from proxy.runtime.deferred import DEFERRED, DeferredJob
+from proxy.runtime.deferred import DEFERRED
+from proxy.runtime.deferred_job import DeferredJob
 from proxy.state import CONFIG, SCHEDULER
 
 __all__ = ["McpRunner", "register_mcp_runner"]
