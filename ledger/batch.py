@@ -13,6 +13,7 @@ import hashlib
 import json
 import operator
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
@@ -70,6 +71,9 @@ class EntryRow:
     note: str | None
     operator_retries: int
     """`resolve --as retry` moves so far: the operator's retry budget counts these only."""
+    task_id: str | None = None
+    request: bytes | None = None
+    """Deferred work's whole request while it waits (see `ledger.deferred`)."""
 
     def values(self) -> dict[str, Any]:
         """The row as column values."""
@@ -115,6 +119,8 @@ class EntryRow:
             arguments=self.arguments,
             operator_retries=self.operator_retries,
             superseded=superseded,
+            task_id=self.task_id,
+            request=self.request,
         )
 
 
@@ -143,6 +149,9 @@ class Needs:
     sweep_limit: int = 0
     purge: tuple[timedelta, int] | None = None
     """(age, limit): up to `limit` closed rows unchanged for `age` may be deleted."""
+    loaders: list[Callable[..., None]] = field(default_factory=list)
+    """More reads of an operation's own, run last: `loader(conn, ws, now=…, dialect=…)` (the
+    deferred work's, in `ledger.deferred_queries`)."""
 
 
 @dataclass(slots=True)
@@ -163,6 +172,8 @@ class WorkingSet:
     """Ids of rows this batch deletes."""
     loaded: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     """Column values of each loaded row as read, to write back only what changed."""
+    facts: dict[str, Any] = field(default_factory=dict)
+    """What `Needs.loaders` read besides rows (e.g. counts), by the name the loader gives it."""
     _by_key: dict[tuple[str, str, str], str] = field(default_factory=dict)
 
     def load(self, row: EntryRow) -> None:

@@ -34,7 +34,7 @@ __all__ = [
     "upgrade",
 ]
 
-HEAD_REVISION = "0002"
+HEAD_REVISION = "0003"
 """The newest revision under `ledger/migrations/versions` (a test checks they agree)."""
 
 VERSION_TABLE = "interlock_ledger_version"

@@ -199,6 +199,8 @@ class Claim:
         # An operator retry leaves the entry accepted with no owner, waiting for this send;
         # accepted work with an owner is the proxy's own deferred work, already on its way.
         if state is _S.REJECTED or (state is _S.ACCEPTED and row.owner is None):
+            if state is _S.REJECTED:  # a task cancelled or given up is over: its id goes
+                row.task_id, row.request = None, None
             _start_attempt(row, req, ctx)
             ws.touch(row, ctx.now)
             reason = "claimed_after_rejection" if state is _S.REJECTED else "claimed_retry"

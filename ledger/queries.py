@@ -120,6 +120,8 @@ def load(conn: sa.Connection, needs: Needs, ws: WorkingSet, *, now: datetime, di
             if row.id not in ws.rows:
                 ws.load(row)
             ws.expired.append(row.id)
+    for loader in needs.loaders:
+        loader(conn, ws, now=now, dialect=dialect)
 
 
 def flush(conn: sa.Connection, ws: WorkingSet, *, dialect: str) -> bool:

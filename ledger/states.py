@@ -7,6 +7,11 @@
     unknown | blocked ──operator──► succeeded | failed
     unknown | failed | blocked ──operator retry──► accepted ──next send──► running (attempt + 1)
     unknown | failed ──operator retry past the retry budget──► blocked
+    (new) | rejected ──deferred──► accepted ──the dispatcher claims it──► running
+    accepted ──cancelled before it ran, or refused for good──► rejected
+
+Deferred work (an accepted entry carrying its request) whose attempt certainly did not run goes
+running → rejected → accepted: back in line, never straight from running to accepted.
 
 A history row whose `from_state` equals its `to_state` is a note, not a move: a repeated refusal of
 a rejected key, or a stale owner's report kept as evidence.
@@ -43,9 +48,9 @@ class EntryState(StrEnum):
 _S = EntryState
 _LEGAL: dict[EntryState | None, frozenset[EntryState]] = {
     None: frozenset({_S.RUNNING, _S.REJECTED, _S.ACCEPTED}),
-    _S.ACCEPTED: frozenset({_S.RUNNING}),
+    _S.ACCEPTED: frozenset({_S.RUNNING, _S.REJECTED}),
     _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.UNKNOWN, _S.REJECTED}),
-    _S.REJECTED: frozenset({_S.RUNNING}),
+    _S.REJECTED: frozenset({_S.RUNNING, _S.ACCEPTED}),
     _S.UNKNOWN: frozenset({_S.SUCCEEDED, _S.FAILED, _S.ACCEPTED, _S.BLOCKED}),
     _S.FAILED: frozenset({_S.ACCEPTED, _S.BLOCKED}),
     _S.BLOCKED: frozenset({_S.SUCCEEDED, _S.FAILED, _S.ACCEPTED}),

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ledger import queries
 from ledger.batch import OpContext
 from ledger.db import Engines, open_engines, sqlite_file, translate_errors
+from ledger.deferred import DeferredWork
 from ledger.errors import LedgerError, LedgerUnavailable
 from ledger.finishing import BackgroundFinishes
 from ledger.migrate import HEAD_REVISION, current_revision, upgrade
@@ -70,6 +71,8 @@ class LedgerStore:
         self._writer = GroupCommitWriter(engines, self._context, max_batch=max_batch, clock=clock)
         self._finishing = BackgroundFinishes()
         self._closed = False
+        self.deferred = DeferredWork(self._writer.submit, self._reading)
+        """Deferred work: accepted calls with their requests, claimed later (`ledger.deferred`)."""
 
     @classmethod
     async def open(

@@ -78,8 +78,9 @@ class UTCTimestamp(sa.TypeDecorator[datetime]):
 class LedgerEntry(SQLModel, table=True):
     """One side-effecting call, keyed by (tenant, upstream, idempotency key).
 
-    An entry whose derived key's dedup window passed gives its key up to a newer entry: its
-    `idempotency_key` becomes `past:<id>:<key>` (see `ledger.batch.archived_key`)."""
+    Deferred work (see `ledger.deferred`) is an entry with a `task_id` and, until it has run,
+    its `request`. An entry whose derived key's dedup window passed gives its key up to a newer
+    entry: its `idempotency_key` becomes `past:<id>:<key>` (see `ledger.batch.archived_key`)."""
 
     __tablename__ = "ledger_entries"
     __table_args__ = (
@@ -91,6 +92,14 @@ class LedgerEntry(SQLModel, table=True):
         sa.Index("ix_ledger_entries_upstream_state", "upstream", "state"),
         sa.Index("ix_ledger_entries_tenant_created", "tenant", "created_at"),
         sa.Index("ix_ledger_entries_created", "created_at"),
+        # Partial: most entries have no task, and a claim should not pay for indexing a NULL.
+        sa.Index(
+            "uq_ledger_entries_task",
+            "task_id",
+            unique=True,
+            sqlite_where=sa.text("task_id IS NOT NULL"),
+            postgresql_where=sa.text("task_id IS NOT NULL"),
+        ),
     )
 
     id: str = Field(primary_key=True, max_length=32)
@@ -120,6 +129,11 @@ class LedgerEntry(SQLModel, table=True):
     retry_after_s: float | None = None
     note: str | None = Field(default=None, sa_type=sa.Text)
     operator_retries: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    task_id: str | None = Field(default=None, max_length=64)
+    """The handle of deferred work (unguessable; callers read it only within their tenant), or
+    `up:<upstream>:<id>` for a task the upstream itself created."""
+    request: bytes | None = Field(default=None, sa_type=sa.LargeBinary)
+    """Deferred work's whole request, kept until it has run (cleared when it finishes)."""
 
 
 class LedgerTransition(SQLModel, table=True):

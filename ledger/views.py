@@ -104,6 +104,10 @@ class EntryView:
     hand-overs of attempts that certainly did not run are not counted."""
     superseded: bool = False
     """A later entry answers for this key (a derived key's dedup window had passed)."""
+    task_id: str | None = None
+    """Deferred work's handle (or `up:<upstream>:<id>` for a task the upstream created)."""
+    request: bytes | None = None
+    """Deferred work's whole request while it waits; never shown (it may carry secrets)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +141,8 @@ def entry_json(entry: EntryView) -> dict[str, Any]:
     for f in dataclasses.fields(entry):
         value = getattr(entry, f.name)
         data[f.name] = value.isoformat() if isinstance(value, datetime) else value
+    request = data.pop("request")
+    data["request_bytes"] = None if request is None else len(request)
     outcome = entry.outcome
     data["outcome"] = None
     data["outcome_b64"] = None if outcome is None else base64.b64encode(outcome).decode()

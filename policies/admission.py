@@ -29,7 +29,7 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from typing import Literal
 
-from policies.model import ClassBand, Config, Limits, WorkClass
+from policies.model import WORK_CLASSES, ClassBand, Config, Limits, WorkClass
 
 __all__ = [
     "AGEING_FRACTION",
@@ -56,6 +56,7 @@ __all__ = [
     "deadline_refusal",
     "decide_entry",
     "has_room",
+    "live_reserve",
     "patience_s",
     "scopes_for",
 ]
@@ -77,7 +78,7 @@ DEFAULT_BANDS: Mapping[WorkClass, ClassBand] = {
     "critical": ClassBand("critical", 0.10, 30.0),
     "interactive": ClassBand("interactive", 0.60, 0.0),
     "background": ClassBand("background", 0.25, 30.0),
-    "bulk": ClassBand("bulk", 0.05, 300.0),
+    "bulk": ClassBand("bulk", 0.05, 300.0, defer=True),
 }
 
 
@@ -94,6 +95,12 @@ class AdmissionRequest:
     side_effect: bool = True
     deadline: float = math.inf
     arrived_at: float = 0.0
+    deferred: bool = False
+    """Deferred work (accepted earlier, run now by the dispatcher): it never takes the share of a
+    band that cannot wait (see `live_reserve`)."""
+    waiting_since: float | None = None
+    """When deferred work began to wait (it was accepted), on the same clock: its ageing counts
+    from then, not from when the dispatcher brought it to the scheduler."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,15 +238,36 @@ def critical_reserve(config: Config, max_running: int) -> int:
     return min(max_running - 1, math.floor(share * max_running + _SHARE_EPSILON))
 
 
-def has_room(config: Config, scope: Scope, band: WorkClass, load: Load) -> bool:
-    """Whether one more call of `band` fits in `scope`, respecting critical's reserve."""
+def live_reserve(config: Config, scope: Scope, band: WorkClass, load: Load) -> int:
+    """Slots of `scope` that deferred work of `band` leaves free: the unfilled shares of the
+    other bands that cannot wait for a slot (max_wait_s 0, interactive by default). A flood of
+    deferred work therefore never refuses such calls while they are within their share."""
+    limit = scope.limits.max_running
+    if limit is None:
+        return 0
+    reserve = 0
+    for other in WORK_CLASSES:
+        spec = band_of(config, other)
+        if other in (band, "critical") or spec.max_wait_s > 0 or spec.share <= 0:
+            continue
+        share = min(limit - 1, math.floor(spec.share * limit + _SHARE_EPSILON))
+        reserve += max(0, share - load.running_class(scope.name, other))
+    return reserve
+
+
+def has_room(
+    config: Config, scope: Scope, band: WorkClass, load: Load, *, deferred: bool = False
+) -> bool:
+    """Whether one more call of `band` fits in `scope`, respecting critical's reserve (and, for
+    deferred work, `live_reserve`)."""
     limit = scope.limits.max_running
     if limit is None:
         return True
     running = load.running(scope.name)
+    unfilled = live_reserve(config, scope, band, load) if deferred else 0
     if band == "critical":
-        return running < limit
-    unfilled = max(0, critical_reserve(config, limit) - load.running_class(scope.name, "critical"))
+        return running + unfilled < limit
+    unfilled += max(0, critical_reserve(config, limit) - load.running_class(scope.name, "critical"))
     return running + 1 + unfilled <= limit
 
 
@@ -268,12 +296,18 @@ def _estimated_wait_s(state: AdmissionState, scope: Scope) -> float:
 
 
 def blocking_scope(
-    config: Config, state: AdmissionState, load: Load, scopes: tuple[Scope, ...], band: WorkClass
+    config: Config,
+    state: AdmissionState,
+    load: Load,
+    scopes: tuple[Scope, ...],
+    band: WorkClass,
+    *,
+    deferred: bool = False,
 ) -> tuple[Scope, float] | None:
     """The full scope with the longest estimated wait, and that wait; None when all have room."""
     worst: tuple[Scope, float] | None = None
     for scope in scopes:
-        if not has_room(config, scope, band, load):
+        if not has_room(config, scope, band, load, deferred=deferred):
             wait = _estimated_wait_s(state, scope)
             if worst is None or wait > worst[1]:
                 worst = (scope, wait)
@@ -283,7 +317,9 @@ def blocking_scope(
 def deadline_refusal(config: Config, state: AdmissionState, waiter: Waiter) -> Refusal:
     """The refusal of a queued call whose wait ran out, naming the scope it was waiting for."""
     band = waiter.request.work_class
-    blocked = blocking_scope(config, state, Load(state), waiter.scopes, band)
+    blocked = blocking_scope(
+        config, state, Load(state), waiter.scopes, band, deferred=waiter.request.deferred
+    )
     if blocked is None:
         return Refusal("deadline", f"class:{band}", bounded_retry_after(config, 0.0))
     return Refusal("deadline", blocked[0].name, bounded_retry_after(config, blocked[1]))
@@ -310,7 +346,9 @@ def decide_entry(
             return WaitCooldown(until, scopes)
         retry = bounded_retry_after(config, until - now, floor=_MIN_COOLDOWN_RETRY_S)
         return Reject(Refusal("cooldown", f"upstream:{request.upstream}", retry))
-    blocked = blocking_scope(config, state, Load(state), scopes, request.work_class)
+    blocked = blocking_scope(
+        config, state, Load(state), scopes, request.work_class, deferred=request.deferred
+    )
     if blocked is None:
         return Admit(scopes)
     if patience <= 0:
@@ -320,7 +358,8 @@ def decide_entry(
         retry = bounded_retry_after(config, _estimated_wait_s(state, full))
         return Reject(Refusal("overloaded", full.name, retry))
     deadline = min(request.deadline, now + patience)
-    return Queue(deadline, now + AGEING_FRACTION * patience, scopes)
+    since = now if request.waiting_since is None else min(request.waiting_since, now)
+    return Queue(deadline, since + AGEING_FRACTION * patience, scopes)
 
 
 def _full_queue(state: AdmissionState, scopes: tuple[Scope, ...]) -> Scope | None:

@@ -41,7 +41,7 @@ from policies.model import WORK_CLASSES, Config, WorkClass
 
 __all__ = ["Dispatch", "Shape", "select_from_queues", "select_starts", "shape_of"]
 
-Shape = tuple[WorkClass, tuple[str, ...]]
+Shape = tuple[WorkClass, bool, tuple[str, ...]]
 _NON_CRITICAL: tuple[WorkClass, ...] = tuple(b for b in WORK_CLASSES if b != "critical")
 
 
@@ -54,8 +54,10 @@ class Dispatch:
 
 
 def shape_of(waiter: Waiter) -> Shape:
-    """What makes two waiting calls interchangeable for admission: band and scopes."""
-    return (waiter.request.work_class, tuple(scope.name for scope in waiter.scopes))
+    """What makes two waiting calls interchangeable for admission: band, deferred or not (deferred
+    work leaves the live reserve free), and scopes."""
+    request = waiter.request
+    return (request.work_class, request.deferred, tuple(scope.name for scope in waiter.scopes))
 
 
 def select_starts(
@@ -88,7 +90,7 @@ def select_from_queues(
     next_turn = max(state.turns.values(), default=0) + 1
     starts: list[Waiter] = []
     while heads:
-        room: dict[tuple[str, WorkClass], bool] = {}  # heads share scopes: judge each once
+        room: dict[tuple[str, WorkClass, bool], bool] = {}  # heads share scopes: judge each once
         fitting = [h for h in heads if _fits(config, h.waiter, load, room)]
         if not fitting:
             break
@@ -134,16 +136,16 @@ def _cooling(state: AdmissionState, waiter: Waiter, now: float) -> bool:
 
 
 def _fits(
-    config: Config, waiter: Waiter, load: Load, room: dict[tuple[str, WorkClass], bool]
+    config: Config, waiter: Waiter, load: Load, room: dict[tuple[str, WorkClass, bool], bool]
 ) -> bool:
-    band = waiter.request.work_class
+    band, deferred = waiter.request.work_class, waiter.request.deferred
     for scope in waiter.scopes:
         if scope.limits.max_running is None:
             continue
-        key = (scope.name, band)
+        key = (scope.name, band, deferred)
         fits = room.get(key)
         if fits is None:
-            fits = room[key] = has_room(config, scope, band, load)
+            fits = room[key] = has_room(config, scope, band, load, deferred=deferred)
         if not fits:
             return False
     return True

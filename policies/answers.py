@@ -16,6 +16,7 @@ __all__ = [
     "CODE_INVALID_REQUEST",
     "CODE_IN_PROGRESS",
     "CODE_LEDGER_UNAVAILABLE",
+    "CODE_MISSING_CAPABILITY",
     "CODE_NEEDS_RECONCILIATION",
     "CODE_OUTCOME_NOT_RETAINED",
     "CODE_OUTCOME_UNKNOWN",
@@ -31,6 +32,11 @@ __all__ = [
     "outcome_not_retained",
     "outcome_unknown",
     "refused",
+    "task_ended_unrun",
+    "task_not_cancellable",
+    "task_not_found",
+    "tasks_not_declared",
+    "too_large_to_defer",
     "upstream_failed",
 ]
 
@@ -41,6 +47,7 @@ CODE_OUTCOME_UNKNOWN = -32053
 CODE_LEDGER_UNAVAILABLE = -32054
 CODE_UPSTREAM_FAILED = -32055
 CODE_OUTCOME_NOT_RETAINED = -32056
+CODE_MISSING_CAPABILITY = -32021
 CODE_INVALID_PARAMS = -32602
 CODE_INVALID_REQUEST = -32600
 CODE_PARSE_ERROR = -32700
@@ -54,6 +61,7 @@ _ERROR_TYPES = {
     CODE_UPSTREAM_FAILED: "upstream_error",
     CODE_OUTCOME_NOT_RETAINED: "conflict_error",
     CODE_INVALID_PARAMS: "invalid_request_error",
+    CODE_MISSING_CAPABILITY: "invalid_request_error",
     CODE_INVALID_REQUEST: "invalid_request_error",
     CODE_PARSE_ERROR: "invalid_request_error",
 }
@@ -244,4 +252,72 @@ def upstream_failed(reason: str, detail: str, *, retry_after_s: float | None = N
         http_status=502,
         message=f"The upstream failed ({detail}); the call is safe to repeat.",
         data=_data(reason=reason, detail=detail, retry_after_s=retry_after_s),
+    )
+
+
+def too_large_to_defer(size: int, cap: int) -> Answer:
+    """A request to defer that is larger than `deferred.max_request_bytes`: refused, not run."""
+    return Answer(
+        code=CODE_INVALID_REQUEST,
+        http_status=413,
+        message=(
+            f"The request is too large to be kept as deferred work ({size} bytes, the limit is "
+            f"{cap}); it was not accepted and not sent."
+        ),
+        data={"reason": "too_large_to_defer", "size": size, "max_request_bytes": cap},
+    )
+
+
+def task_not_found(task_id: str | None) -> Answer:
+    """No such task for this caller (another tenant's tasks are not found either)."""
+    return Answer(
+        code=CODE_INVALID_PARAMS,
+        http_status=404,
+        message="Failed to retrieve task: Task not found",
+        data=_data(reason="task_not_found", task_id=task_id),
+    )
+
+
+def task_not_cancellable(task_id: str, state: str, *, finished: bool) -> Answer:
+    """A cancel that comes too late: the work started (it may be acting) or finished."""
+    reason = "task_finished" if finished else "task_already_started"
+    what = "has finished" if finished else "has already started"
+    return Answer(
+        code=CODE_INVALID_PARAMS,
+        http_status=409,
+        message=f"The task {what}; only work that has not started can be cancelled.",
+        data=_data(reason=reason, task_id=task_id, state=state),
+    )
+
+
+def tasks_not_declared() -> Answer:
+    """A 2026-07-28 task request from a client whose request did not declare the extension."""
+    return Answer(
+        code=CODE_MISSING_CAPABILITY,
+        http_status=400,
+        message="Missing required client capability",
+        data={
+            "reason": "missing_capability",
+            "requiredCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+        },
+    )
+
+
+def task_ended_unrun(task_id: str, why: str | None) -> Answer:
+    """A task that ended without running: cancelled by its caller, or refused for good."""
+    cancelled = why == "cancelled"
+    return Answer(
+        code=CODE_REFUSED,
+        http_status=409,
+        message=(
+            "The task was cancelled before it started; it never ran."
+            if cancelled
+            else f"The task ended without running ({why or 'refused'}); it was never sent."
+        ),
+        data=_data(
+            reason="task_cancelled" if cancelled else "task_refused",
+            task_id=task_id,
+            state="cancelled" if cancelled else "rejected",
+            detail=None if cancelled else why,
+        ),
     )

@@ -26,6 +26,7 @@ from policies.model import (
     ClassBand,
     Config,
     Defaults,
+    DeferredSettings,
     EdgeSettings,
     KeyRecipe,
     LedgerSettings,
@@ -45,7 +46,7 @@ _DEFAULT_LIMITS = {
     "tenant": LimitsIn(max_running=32, max_pending=128),
     "run": LimitsIn(max_running=8),
 }
-_ENV_SECTIONS = ("admin", "ledger", "telemetry", "defaults", "budgets")
+_ENV_SECTIONS = ("admin", "ledger", "deferred", "telemetry", "defaults", "budgets")
 _ENV_TOP_LEVEL = (
     "listen",
     "mode",
@@ -242,6 +243,14 @@ def _build_rule(index: int, rule: ToolRuleIn) -> ToolRule:
     )
 
 
+def _defers(cfg: ConfigIn, name: WorkClass) -> bool:
+    """`classes.<name>.defer`, by default on for bulk only."""
+    band = cfg.classes.get(name)
+    if band is not None and band.defer is not None:
+        return band.defer
+    return name == "bulk"
+
+
 def _build(
     cfg: ConfigIn,
     reporter: Reporter,
@@ -251,7 +260,12 @@ def _build(
 ) -> Config:
     merged = merged_classes(cfg)
     classes: dict[WorkClass, ClassBand] = {
-        name: ClassBand(name=name, share=merged[name][0], max_wait_s=merged[name][1])
+        name: ClassBand(
+            name=name,
+            share=merged[name][0],
+            max_wait_s=merged[name][1],
+            defer=_defers(cfg, name),
+        )
         for name in WORK_CLASSES
     }
     limits: dict[str, LimitsIn] = dict(_DEFAULT_LIMITS)
@@ -268,6 +282,7 @@ def _build(
         mode=cfg.mode,
         admin=AdminSettings(token_env=cfg.admin.token_env),
         ledger=LedgerSettings(**ledger),
+        deferred=DeferredSettings(**cfg.deferred.model_dump()),
         telemetry=TelemetrySettings(**cfg.telemetry.model_dump()),
         defaults=Defaults(
             work_class=cfg.defaults.work_class,

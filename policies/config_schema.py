@@ -38,6 +38,17 @@ class LimitsIn(_Strict):
 class ClassIn(_Strict):
     share: Fraction
     max_wait_s: NonNegativeFloat = 0.0
+    defer: bool | None = None
+    """None: on for bulk, off for the other bands."""
+
+
+class DeferredIn(_Strict):
+    max_request_bytes: PositiveInt = 262144
+    max_result_bytes: PositiveInt = 1048576
+    max_accepted_per_tenant: PositiveInt = 1000
+    max_accepted_per_upstream: PositiveInt = 10000
+    poll_interval_s: PositiveFloat = 1.0
+    max_attempts: PositiveInt = 5
 
 
 class AdminIn(_Strict):
@@ -134,6 +145,7 @@ class ConfigIn(_Strict):
     mode: Literal["enforce", "observe"] = "enforce"
     admin: AdminIn = AdminIn()
     ledger: LedgerIn = LedgerIn()
+    deferred: DeferredIn = DeferredIn()
     telemetry: TelemetryIn = TelemetryIn()
     defaults: DefaultsIn = Field(default_factory=lambda: DefaultsIn.model_validate({}))
     classes: dict[WorkClassName, ClassIn] = Field(default_factory=dict)

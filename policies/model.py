@@ -17,6 +17,7 @@ __all__ = [
     "ClassBand",
     "Config",
     "Defaults",
+    "DeferredSettings",
     "EdgeSettings",
     "KeyRecipe",
     "LedgerSettings",
@@ -61,6 +62,9 @@ class ClassBand:
     name: WorkClass
     share: float
     max_wait_s: float
+    defer: bool = False
+    """A call of this band that cannot start now becomes deferred work (a task handle) when its
+    caller can take one (an MCP client that declared task support)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,27 @@ class LedgerSettings:
     max_argument_bytes: int = 8192
     group_commit: bool = True
     sweep_interval_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class DeferredSettings:
+    """Deferred work: calls accepted now and run later (tasks, `/jobs`)."""
+
+    max_request_bytes: int = 262144
+    """A request to defer larger than this is refused (413 / -32600), never run live instead."""
+    max_result_bytes: int = 1048576
+    """A deferred call's result is kept up to this; beyond it only its sha256 (the poller is
+    then told `outcome_not_retained`)."""
+    max_accepted_per_tenant: int = 1000
+    max_accepted_per_upstream: int = 10000
+    """Deferred work waiting to start, at most, per tenant and per upstream (beyond: refused with
+    `retry_after_s`)."""
+    poll_interval_s: float = 1.0
+    """The polling interval suggested to callers, and how often the dispatcher looks for
+    waiting work accepted elsewhere (another replica, or before a restart)."""
+    max_attempts: int = 5
+    """Attempts of a deferred call that certainly did not run (429, not reached) before it is
+    given up (rejected)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +242,7 @@ class Config:
     mode: Mode = "enforce"
     admin: AdminSettings = AdminSettings()
     ledger: LedgerSettings = LedgerSettings()
+    deferred: DeferredSettings = DeferredSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
     defaults: Defaults = Defaults()
     classes: Mapping[WorkClass, ClassBand] = field(default_factory=dict)

@@ -17,11 +17,15 @@ from ledger import LedgerError, LedgerStore
 from policies.budget import RetryBudgets
 from policies.model import Config
 from proxy.edge import edge_guard
+from proxy.http.deferred_run import register_http_runner
+from proxy.http.jobs import setup_jobs
 from proxy.http.routes import setup_http
 from proxy.listener import setup_body_watch
 from proxy.mcp import catalog
+from proxy.mcp.tasks.runner import register_mcp_runner
 from proxy.mcp.transport.routes import setup_mcp
 from proxy.ops import admin, health
+from proxy.runtime.deferred import DEFERRED, Dispatcher
 from proxy.runtime.scheduler import Scheduler
 from proxy.state import (
     CONFIG,
@@ -65,6 +69,11 @@ def create_app(config: Config, *, replica_id: str | None = None) -> web.Applicat
     setup_metrics(app)
     setup_mcp(app)
     setup_http(app)
+    app[DEFERRED] = Dispatcher(app)
+    setup_jobs(app)
+    register_http_runner(app)
+    register_mcp_runner(app)
+    app.cleanup_ctx.append(_deferred_ctx)  # last: it needs the ledger and the upstream sessions
     return app
 
 
@@ -117,6 +126,14 @@ async def _drain_in_flight(app: web.Application) -> None:
     if pending:
         log.warning("%d call(s) still in flight at shutdown were cancelled", len(pending))
         await asyncio.wait(pending, timeout=5.0)
+
+
+async def _deferred_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Deferred work runs while the application does; at shutdown it gets the grace period."""
+    dispatcher = app[DEFERRED]
+    dispatcher.start()
+    yield
+    await dispatcher.stop(app[CONFIG].shutdown_grace_s)
 
 
 async def _ledger_ctx(app: web.Application) -> AsyncIterator[None]:

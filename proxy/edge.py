@@ -1,4 +1,4 @@
-"""The edge: checks every request to `/mcp`, `/http` and `/admin` before a route sees it.
+"""The edge: checks every request to `/mcp`, `/http`, `/jobs` and `/admin` before a route sees it.
 
 A browser page must not drive the proxy: a request whose `Origin` is not allowed is refused 403,
 one whose `Host` does not name us (DNS rebinding) 421. With `tenants.api_keys`, a request to
@@ -23,7 +23,7 @@ from proxy.state import CONFIG
 
 __all__ = ["GUARDED_PREFIXES", "edge_guard"]
 
-GUARDED_PREFIXES = ("/mcp/", "/http/", "/admin")
+GUARDED_PREFIXES = ("/mcp/", "/http/", "/jobs/", "/admin")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -64,6 +64,40 @@ MUTANTS = (
         why="claim and finish decide on rows another replica may be changing",
     ),
     Mutant(
+        name="claim deferred work without the row lock",
+        path="ledger/deferred_queries.py",
+        module="ledger.deferred_queries",
+        edits=(
+            (
+                "result = conn.execute(_locking(stmt.order_by(ENTRIES.c.id), dialect, "
+                "skip_locked=True))",
+                "result = conn.execute(stmt.order_by(ENTRIES.c.id))",
+            ),
+        ),
+        tests=(
+            "tests/integration/test_ledger_deferred.py::"
+            "test_three_processes_racing_for_waiting_work_start_each_once",
+        ),
+        why="two replicas both start the same accepted work",
+    ),
+    Mutant(
+        name="deferred work takes the interactive share",
+        path="policies/admission.py",
+        module="policies.admission",
+        edits=(
+            (
+                "    unfilled = live_reserve(config, scope, band, load) if deferred else 0\n",
+                "    unfilled = 0\n",
+            ),
+        ),
+        tests=(
+            "tests/unit/test_admission.py::"
+            "test_deferred_work_leaves_the_share_of_bands_that_cannot_wait",
+            "tests/integration/test_deferred_fairness.py",
+        ),
+        why="a flood of deferred bulk work refuses interactive calls within their share",
+    ),
+    Mutant(
         name="acknowledge before COMMIT",
         path="ledger/writer.py",
         module="ledger.writer",

@@ -9,6 +9,8 @@ JSON object per line, flushed, so the parent can act the moment something is dur
 - `race_keys URL N`: report "ready"; then for each PREFIX line on stdin claim keys PREFIX-0 …
   PREFIX-(N-1) all at once and report the kind of each claim and the attempt it started (an
   empty line or the end of stdin ends it).
+- `claim_deferred URL`: report "ready"; for each line on stdin claim every waiting deferred entry
+  at once and report the ids this process started (an empty line or the end of stdin ends it).
 - `flood URL CONCURRENCY`: claim new keys from CONCURRENCY tasks forever, reporting each
   claim the moment the ledger acknowledges it (SIGKILL mid-group-commit).
 """
@@ -72,6 +74,18 @@ async def race_keys(url: str, n: str) -> None:
         await store.close()
 
 
+async def claim_deferred(url: str) -> None:
+    store = await _open(url)
+    try:
+        _report(ready=True)
+        while (await asyncio.to_thread(sys.stdin.readline)).strip():
+            waiting = await store.deferred.candidates(1000)
+            claimed = await asyncio.gather(*(store.deferred.claim(c.entry_id) for c in waiting))
+            _report(started=[entry.id for entry in claimed if entry is not None])
+    finally:
+        await store.close()
+
+
 async def flood(url: str, concurrency: str) -> None:
     store = await _open(url)
     counter = itertools.count()
@@ -85,7 +99,13 @@ async def flood(url: str, concurrency: str) -> None:
     await asyncio.gather(*(claimer() for _ in range(int(concurrency))))
 
 
-COMMANDS = {"claim": claim_and_hang, "race": race, "race_keys": race_keys, "flood": flood}
+COMMANDS = {
+    "claim": claim_and_hang,
+    "race": race,
+    "race_keys": race_keys,
+    "claim_deferred": claim_deferred,
+    "flood": flood,
+}
 
 if __name__ == "__main__":
     command, *arguments = sys.argv[1:]

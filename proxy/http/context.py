@@ -52,6 +52,8 @@ class HttpCall:
     before_retry: Callable[[], Awaitable[None]] | None = None
     """Run before each attempt after the first, once it holds its admission slot (side
     effects: record the failed attempt and claim the next one in the ledger)."""
+    respond_async: bool = False
+    """The caller sent `Prefer: respond-async`: if it cannot start now, it becomes a job."""
 
     @property
     def work_class(self) -> WorkClass:

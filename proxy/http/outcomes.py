@@ -18,7 +18,14 @@ from multidict import CIMultiDict
 from ledger import Outcome, OutcomeDigest
 from proxy.http.headers import response_headers
 
-__all__ = ["REPLAYED_HEADER", "KeptBody", "encode_outcome", "outcome_of", "replay_response"]
+__all__ = [
+    "REPLAYED_HEADER",
+    "KeptBody",
+    "encode_outcome",
+    "outcome_of",
+    "replay_response",
+    "stored_response",
+]
 
 # Response headers that describe this one exchange, not the outcome: never stored or replayed.
 _NOT_REPLAYED = frozenset(
@@ -91,9 +98,16 @@ def replay_response(outcome: bytes) -> web.Response:
     An entry without a stored outcome is never replayed (the pipeline answers 409
     `outcome_not_retained` instead).
     """
+    return stored_response(outcome, replayed=True)
+
+
+def stored_response(outcome: bytes, *, replayed: bool) -> web.Response:
+    """A recorded answer as it was: status, the headers worth keeping, the body bytes; marked
+    `Idempotent-Replayed: true` when it answers a repeat of the call (not a job's own poll)."""
     record = json.loads(outcome)
     headers: CIMultiDict[str] = CIMultiDict((name, value) for name, value in record["headers"])
-    headers[REPLAYED_HEADER] = "true"
+    if replayed:
+        headers[REPLAYED_HEADER] = "true"
     return web.Response(
         status=record["status"], headers=headers, body=base64.b64decode(record["body"])
     )

@@ -33,6 +33,7 @@ from proxy.errors import (
 )
 from proxy.http.attempts import CLIENT_GONE, admit, cooldown_remaining, forward, relay
 from proxy.http.context import HttpCall
+from proxy.http.jobs import defer_or_start
 from proxy.http.outcomes import KeptBody, outcome_of, replay_response
 from proxy.runtime.leases import (
     AttemptNotClaimed,
@@ -70,8 +71,11 @@ async def run_http_call(call: HttpCall) -> web.StreamResponse:
             reason, message = "invalid_arguments", f"the body has no canonical form: {exc}"
             return await call.answer(answers.bad_request(CODE_INVALID_REQUEST, reason, message))
         call.span.set_attribute("interlock.idempotency.key_hash", tracing.hash_key(call.key.key))
+    if call.respond_async and (deferred := await defer_or_start(call)) is not None:
+        return deferred
     try:
-        call.slot = await admit(call)
+        if call.slot is None:
+            call.slot = await admit(call)
     except AdmissionRefused as exc:
         if call.policy.side_effect:
             await _record_rejection(call, exc.refusal)

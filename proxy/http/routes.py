@@ -22,6 +22,7 @@ from policies import answers
 from policies.answers import CODE_INVALID_REQUEST, CODE_PARSE_ERROR, Answer
 from policies.attributes import BadAttribute, read_attributes
 from policies.classify import classify_http
+from policies.deferral import prefers_async
 from policies.json_limits import MAX_JSON_DEPTH, nests_deeper_than
 from policies.token_budget import TokenBudget
 from proxy.http.downstream import Downstream
@@ -98,9 +99,16 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
     path = target.path  # rules, classification and the ledger see what the upstream runs
     policy = classify_http(config, name, request.method, path)
     is_json = _is_json(request.content_type)
+    respond_async = prefers_async(request.headers.getall("Prefer", ()))
     if not request.body_exists:
         body: bytes | aiohttp.StreamReader | None = None
-    elif policy.side_effect or policy.costly or is_json or request.content_length is None:
+    elif (
+        policy.side_effect
+        or policy.costly
+        or is_json
+        or respond_async
+        or request.content_length is None
+    ):
         # the proxy reads it (fingerprint, usage, retries), or it has no length to check up front
         body = await _read_capped(request, config.max_body_bytes)
         if body is None:
@@ -152,6 +160,7 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
                 deadline=time.monotonic() + attrs.deadline_s,
                 span=span,
                 downstream=Downstream(request, sse_while_waiting=streaming),
+                respond_async=respond_async,
             )
             return await run_http_call(call)
     finally:

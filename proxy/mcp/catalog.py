@@ -1,7 +1,8 @@
 """What the proxy knows of each upstream tool, and how it learns it.
 
-Per tool, from `tools/list` answers: its `annotations` (classification reads them) and which
-arguments its input schema mirrors into `Mcp-Param-*` headers (2026-07-28 routing headers).
+Per tool, from `tools/list` answers: its `annotations` (classification reads them), which
+arguments its input schema mirrors into `Mcp-Param-*` headers (2026-07-28 routing headers), and
+whether it runs MCP tasks itself (`execution.taskSupport`).
 
 Annotations arrive for free when a client lists tools through the proxy (the transport records them
 with `learn_tools`). A proxy that restarted, or a client that cached its tool list, would otherwise
@@ -35,8 +36,10 @@ __all__ = [
     "learn_annotations",
     "learn_tools",
     "param_headers",
+    "runs_tasks",
     "setup",
     "tool_annotations",
+    "tool_task_support",
 ]
 
 log = logging.getLogger("interlock.tools")
@@ -58,6 +61,9 @@ class ToolCatalog:
 
     annotations: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     param_headers: dict[str, dict[str, ParamHeaders]] = field(default_factory=dict)
+    task_support: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Per upstream, the tools whose listing says `execution.taskSupport` optional or required:
+    that upstream runs tasks itself."""
     attempts: dict[str, float] = field(default_factory=dict)
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
@@ -72,6 +78,16 @@ def setup(app: web.Application) -> None:
 def tool_annotations(app: web.Application, upstream: str, tool: str) -> dict[str, Any] | None:
     """The annotations known for `tool` (an empty dict: listed without annotations)."""
     return app[CATALOG].annotations.get(upstream, {}).get(tool)
+
+
+def runs_tasks(app: web.Application, upstream: str) -> bool:
+    """Whether `upstream` runs MCP tasks itself (one of its tools supports them)."""
+    return bool(app[CATALOG].task_support.get(upstream))
+
+
+def tool_task_support(app: web.Application, upstream: str, tool: str) -> str | None:
+    """A tool's own `execution.taskSupport` when it is optional or required (else None)."""
+    return app[CATALOG].task_support.get(upstream, {}).get(tool)
 
 
 def param_headers(app: web.Application, upstream: str) -> dict[str, ParamHeaders]:
@@ -90,6 +106,7 @@ def learn_tools(app: web.Application, upstream: str, result: Mapping[str, Any]) 
     catalog = app[CATALOG]
     annotations = catalog.annotations.setdefault(upstream, {})
     params = catalog.param_headers.setdefault(upstream, {})
+    tasks = catalog.task_support.setdefault(upstream, {})
     learned = 0
     for tool in tools:
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
@@ -97,6 +114,12 @@ def learn_tools(app: web.Application, upstream: str, result: Mapping[str, Any]) 
         name = tool["name"]
         value = tool.get("annotations")
         annotations[name] = dict(value) if isinstance(value, dict) else {}
+        execution = tool.get("execution")
+        support = execution.get("taskSupport") if isinstance(execution, dict) else None
+        if support in ("optional", "required"):
+            tasks[name] = str(support)
+        else:
+            tasks.pop(name, None)
         schema = tool.get("inputSchema")
         if isinstance(schema, dict) and find_invalid_x_mcp_header(schema) is None:
             header_map = x_mcp_header_map(schema)

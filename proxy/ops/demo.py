@@ -19,12 +19,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from rich.console import Console
 from rich.table import Table
+
+from proxy.ops import demo_tasks
+from proxy.ops.demo_tasks import DemoRow as _Row
 
 __all__ = ["run_demo"]
 
@@ -60,13 +62,6 @@ tools:
     cost_class: payments
     timeout_s: 1.5
 """
-
-
-@dataclass
-class _Row:
-    step: str
-    what_happened: str
-    proof: str
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[bytes], timeout_s: float = 20) -> None:
@@ -252,24 +247,28 @@ def run_demo(*, keep: bool = False) -> int:
     env_python = sys.executable
     rows: list[_Row] = []
     console.print(f"[bold]Interlock demo[/bold] (work folder {workdir})")
+    serve = [env_python, "-m", "proxy", "serve", "--config", str(workdir / "demo.yaml")]
     try:
-        with (
-            _process(
-                [env_python, str(_EXAMPLES / "demo_upstreams.py"), str(upstream_port)],
-                upstream_port,
-                workdir,
-                workdir / "upstream.log",
-            ),
-            _process(
-                [env_python, "-m", "proxy", "serve", "--config", str(workdir / "demo.yaml")],
-                proxy_port,
-                workdir,
-                workdir / "proxy.log",
-            ),
+        with _process(
+            [env_python, str(_EXAMPLES / "demo_upstreams.py"), str(upstream_port)],
+            upstream_port,
+            workdir,
+            workdir / "upstream.log",
         ):
             url = f"http://127.0.0.1:{proxy_port}/mcp/demo"
-            console.print(f"agent → {url} → demo upstream on port {upstream_port}")
-            asyncio.run(_scenarios(url, workdir, rows))
+            with _process(serve, proxy_port, workdir, workdir / "proxy.log") as first:
+                console.print(f"agent → {url} → demo upstream on port {upstream_port}")
+                asyncio.run(_scenarios(url, workdir, rows))
+                handles = asyncio.run(demo_tasks.before_the_crash(url))
+                first.send_signal(signal.SIGKILL)  # no shutdown: the process is simply gone
+                first.wait(timeout=10)
+            waiting = json.loads(_cli(workdir, "ledger", "list", "--state", "accepted", "--json"))
+            console.print(
+                f"  SIGKILL. While the proxy is down, the ledger holds {len(waiting)} accepted "
+                "task(s): interlock ledger list --state accepted"
+            )
+            with _process(serve, proxy_port, workdir, workdir / "proxy-restarted.log"):
+                rows.append(asyncio.run(demo_tasks.after_the_restart(url, handles)))
     finally:
         if keep:
             console.print(f"kept {workdir}")
@@ -281,7 +280,7 @@ def run_demo(*, keep: bool = False) -> int:
     for row in rows:
         table.add_row(row.step, row.what_happened, row.proof)
     console.print(table)
-    return 0 if len(rows) == 4 else 1
+    return 0 if len(rows) == 5 else 1
 
 
 async def _scenarios(url: str, workdir: Path, rows: list[_Row]) -> None:

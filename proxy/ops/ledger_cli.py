@@ -200,6 +200,7 @@ async def _cmd_resolve(args: argparse.Namespace, settings: LedgerSettings, out: 
 async def _cmd_stats(args: argparse.Namespace, settings: LedgerSettings, out: Console) -> int:
     async with _opened(settings) as store:
         counts = await store.stats()
+        waiting_since = await store.oldest_in_state(EntryState.ACCEPTED)
     if args.json:
         rows = [{"state": s, "upstream": u, "count": n} for (s, u), n in sorted(counts.items())]
         _print_json(rows)
@@ -212,6 +213,13 @@ async def _cmd_stats(args: argparse.Namespace, settings: LedgerSettings, out: Co
     totals = [sum(n for (s, _), n in counts.items() if s == state) for state in states]
     table.add_row("all", *map(str, totals), str(sum(totals)), style="bold")
     out.print(table)
+    if waiting_since is not None:
+        waiting = sum(n for (s, _), n in counts.items() if s == EntryState.ACCEPTED)
+        age = max(0.0, (datetime.now(UTC) - waiting_since).total_seconds())
+        out.print(
+            f"accepted (deferred work waiting to start): {waiting}; "
+            f"the oldest waits since {_when(waiting_since)} ({age:.0f} s)"
+        )
     return EXIT_OK
 
 
@@ -265,6 +273,7 @@ def _entry_table(entry: EntryView) -> Table:
         "fingerprint", "owner", "fencing_token", "lease_expires_at", "work_class", "run_id",
         "trace_id", "created_at", "started_at", "finished_at", "updated_at", "error",
         "retry_after_s", "note", "outcome_hash", "outcome_retained", "outcome", "arguments",
+        "task_id", "request_bytes",
     ):  # fmt: skip
         value = data[name]
         if value is not None:

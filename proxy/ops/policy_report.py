@@ -51,11 +51,19 @@ def print_policy(config: Config, console: Console | None = None) -> None:
     console.print(limits)
 
     classes = Table(title="Work classes (priority order)", title_justify="left")
-    for column in ("class", "share", "max_wait_s"):
+    for column in ("class", "share", "max_wait_s", "defer"):
         classes.add_column(column)
     for band in config.classes.values():
-        classes.add_row(band.name, f"{band.share:.0%}", _num(band.max_wait_s))
+        defer = "yes" if band.defer else "no"
+        classes.add_row(band.name, f"{band.share:.0%}", _num(band.max_wait_s), defer)
     console.print(classes)
+    deferred = config.deferred
+    console.print(
+        f"Deferred work: requests up to {deferred.max_request_bytes} bytes, results up to "
+        f"{deferred.max_result_bytes} bytes; at most {deferred.max_accepted_per_tenant} waiting "
+        f"per tenant and {deferred.max_accepted_per_upstream} per upstream; callers poll every "
+        f"{_num(deferred.poll_interval_s)} s"
+    )
 
     upstreams = Table(title="Upstreams", title_justify="left")
     columns = ("name", "transport", "kind", "target", "not executed", "headers", "timeout_s")

@@ -158,6 +158,19 @@ class Scheduler:
             running = await self._wait_in_queue(req, decision, on_wait)
             return self._slot(running, arrived, waited)
 
+    def try_admit(self, req: AdmissionRequest) -> Slot | None:
+        """A slot if `req` may start this instant, else None: it neither waits nor is refused
+        (its caller defers it instead). In observe mode every call starts."""
+        now = self._clock()
+        if self._config.mode == "observe":
+            return self._observe(req, now)
+        if self._rate(req, now, 0.0).refused_scope is not None:
+            return None
+        decision = self._book.decide(req, now)
+        if not isinstance(decision, Admit):
+            return None
+        return self._slot(self._book.start(req, decision.scopes, now), now, False)
+
     def _rate(self, req: AdmissionRequest, now: float, max_wait_s: float) -> RateDecision:
         limits = [
             (scope.name, RateLimit.of(scope.limits.rate_per_s, scope.limits.burst))

@@ -69,6 +69,7 @@ class StateReading:
     cooldown_remaining_s: Mapping[str, float] = field(default_factory=dict)
     ledger_entries: Mapping[str, int] | None = None
     ledger_oldest_unknown_s: float | None = None
+    ledger_oldest_accepted_s: float | None = None
     ledger_up: bool = True
 
 
@@ -222,6 +223,21 @@ class _Instruments:
             "Age of the oldest entry in state unknown (absent when there is none)",
         )
         g(
+            "interlock.ledger.oldest_accepted_age",
+            [
+                _observe(
+                    lambda r: (
+                        []
+                        if r.ledger_oldest_accepted_s is None
+                        else [({}, r.ledger_oldest_accepted_s)]
+                    )
+                )
+            ],
+            "s",
+            "Age of the oldest entry in state accepted: deferred work waiting to start "
+            "(absent when there is none)",
+        )
+        g(
             "interlock.ledger.up",
             [_observe(lambda r: [({}, float(r.ledger_up))])],
             "1",
@@ -262,7 +278,7 @@ def refusal(reason: str, scope: str, upstream: str) -> None:
 
 
 def admission(decision: str, upstream: str, reason: str | None = None) -> None:
-    """An admission decision: admitted | queued | rejected | observed."""
+    """An admission decision: admitted | queued | rejected | observed | deferred."""
     attrs = {"decision": decision, "upstream": _upstream(upstream)}
     if reason:
         attrs["reason"] = labels.bounded("reason", reason)

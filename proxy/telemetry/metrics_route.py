@@ -41,6 +41,7 @@ class _LedgerCounts:
     entries: Mapping[str, int] | None = None
     oldest_unknown_s: float | None = None
     unknown_since: datetime | None = None
+    accepted_since: datetime | None = None
     up: bool = False
     read_at: float | None = None
 
@@ -120,12 +121,14 @@ async def _refresh_ledger_counts(app: web.Application) -> None:
         try:
             async with asyncio.timeout(_LEDGER_READ_TIMEOUT_S):
                 entries = await store.count_by_state()
-                since = await _oldest_unknown(store) if entries.get("unknown") else None
+                since = await _oldest(store, "unknown") if entries.get("unknown") else None
+                waiting = await _oldest(store, "accepted") if entries.get("accepted") else None
         except (LedgerError, TimeoutError) as exc:
             log.warning("ledger counts unavailable for /metrics: %s", exc)
             counts.entries, counts.oldest_unknown_s, counts.up = None, None, False
             return
         counts.entries, counts.unknown_since, counts.up = dict(entries), since, True
+        counts.accepted_since = waiting
 
 
 def _stale(state: MetricsState) -> bool:
@@ -133,9 +136,9 @@ def _stale(state: MetricsState) -> bool:
     return read_at is None or state.clock() - read_at >= state.ledger_refresh_s
 
 
-async def _oldest_unknown(store: Any) -> datetime | None:
-    """When the longest-waiting `unknown` entry became unknown (its last transition)."""
-    oldest: datetime | None = await store.oldest_in_state("unknown")
+async def _oldest(store: Any, state: str) -> datetime | None:
+    """When the longest-waiting entry in `state` entered it (its last transition)."""
+    oldest: datetime | None = await store.oldest_in_state(state)
     return None if oldest is None else _aware(oldest)
 
 
@@ -146,9 +149,8 @@ def _aware(stamp: datetime) -> datetime:
 def _reading(app: web.Application) -> metrics.StateReading:
     """The application's current state for the gauges (called by the OTel reader at scrape)."""
     counts = app[METRICS].ledger
-    oldest_unknown_s = None
-    if counts.unknown_since is not None and counts.entries and counts.entries.get("unknown"):
-        oldest_unknown_s = max(0.0, (datetime.now(UTC) - counts.unknown_since).total_seconds())
+    oldest_unknown_s = _age(counts, "unknown", counts.unknown_since)
+    oldest_accepted_s = _age(counts, "accepted", counts.accepted_since)
     scheduler = _scheduler_reading(app)
     return metrics.StateReading(
         queue_depth=scheduler["queued"],
@@ -157,8 +159,15 @@ def _reading(app: web.Application) -> metrics.StateReading:
         cooldown_remaining_s=scheduler["cooldowns"],
         ledger_entries=counts.entries,
         ledger_oldest_unknown_s=oldest_unknown_s,
+        ledger_oldest_accepted_s=oldest_accepted_s,
         ledger_up=counts.up,
     )
+
+
+def _age(counts: _LedgerCounts, state: str, since: datetime | None) -> float | None:
+    if since is None or not counts.entries or not counts.entries.get(state):
+        return None
+    return max(0.0, (datetime.now(UTC) - since).total_seconds())
 
 
 def _scheduler_reading(app: web.Application) -> dict[str, dict[str, Any]]:

@@ -30,9 +30,11 @@ __all__ = [
     "http_span_name",
     "inject_headers",
     "inject_meta",
+    "linked_span",
     "mark_error",
     "mcp_span_name",
     "set_attributes",
+    "trace_carrier",
 ]
 
 _SCOPE = "interlock"
@@ -136,6 +138,42 @@ def call_span(
         _errors_marked(span),
     ):
         yield span
+
+
+@contextmanager
+def linked_span(
+    name: str,
+    *,
+    link: Mapping[str, str] | None,
+    attributes: Mapping[str, Any] | None = None,
+) -> Iterator[Span]:
+    """A span that starts a trace of its own (deferred work runs long after the call that
+    accepted it), linked to the span whose W3C context `link` carries (`traceparent`)."""
+    links = []
+    if link:
+        linked = trace.get_current_span(propagate.extract(dict(link))).get_span_context()
+        if linked.is_valid:
+            links.append(trace.Link(linked))
+    with (
+        _tracer.start_as_current_span(
+            name,
+            context=otel_context.Context(),
+            kind=SpanKind.CONSUMER,
+            links=links,
+            attributes=_clean(attributes),
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span,
+        _errors_marked(span),
+    ):
+        yield span
+
+
+def trace_carrier() -> dict[str, str]:
+    """The current trace context as W3C headers, to link to it later (`linked_span`)."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
 
 
 @contextmanager

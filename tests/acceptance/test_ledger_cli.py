@@ -150,6 +150,31 @@ def test_stats_and_purge(capsys: pytest.CaptureFixture[str], ledger_url: str) ->
     assert {e["state"] for e in remaining} == {"running", "unknown"}
 
 
+def test_stats_show_waiting_deferred_work_and_its_oldest(
+    capsys: pytest.CaptureFixture[str], ledger_url: str
+) -> None:
+    """`stats` counts accepted (deferred) work like any state and says since when the oldest
+    has waited; `show` names its task and the size of the request it keeps."""
+
+    async def defer(store: LedgerStore) -> str:
+        result = await store.deferred.defer(
+            claim_request("later"), b'{"v":1}', max_per_tenant=9, max_per_upstream=9
+        )
+        assert result.entry is not None
+        return result.entry.id
+
+    entry_id = with_store(ledger_url, defer)
+    stats = cli_json(capsys, "stats", "--ledger-url", ledger_url)
+    assert [(r["state"], r["count"]) for r in stats] == [("accepted", 1)]
+    status, out, _ = cli(capsys, "stats", "--ledger-url", ledger_url)
+    assert status == 0
+    assert "accepted (deferred work waiting to start): 1" in out
+    shown = cli_json(capsys, "show", entry_id, "--ledger-url", ledger_url)
+    assert shown["request_bytes"] == 7
+    assert len(shown["task_id"]) >= 32
+    assert "request" not in shown
+
+
 def test_missing_sqlite_ledger_is_not_created(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

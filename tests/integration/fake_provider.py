@@ -95,11 +95,16 @@ class FakeProvider:
     url: str = ""
     received: list[Received] = field(default_factory=list)
     executions: Counter[str] = field(default_factory=Counter)
+    answers: dict[str, bytes] = field(default_factory=dict)
+    """The body `POST /v1/actions` sent back, by `Idempotency-Key` (the latest)."""
     plan: deque[Behaviour] = field(default_factory=deque)
     gate_streams: bool = False
     first_chunk_seen: asyncio.Event = field(default_factory=asyncio.Event)
     gate_timeouts: int = 0
     action_gate: asyncio.Event | None = None
+    gates: dict[str, asyncio.Event] = field(default_factory=dict)
+    """`POST /v1/actions` whose `Idempotency-Key` starts with a prefix named here waits (after
+    counting its execution) until that prefix's event is set."""
     stream_chunks: int = 3
     chunk_delay_s: float = 0.0
     blob_started: asyncio.Event = field(default_factory=asyncio.Event)
@@ -312,17 +317,18 @@ class _Handlers:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(GATE_TIMEOUT_S):
                     await self.p.action_gate.wait()
+        for prefix, gate in self.p.gates.items():
+            if key.startswith(prefix):
+                await gate.wait()  # until the test opens it (or the server shuts down)
         if b.kind == "die":
             return self._drop(request)
-        return web.json_response(
-            {
-                "id": f"act_{self.p.total}",
-                "executed": self.p.executions[key],
-                "echo": json.loads(received.body or b"null"),
-            },
-            status=201,
-            headers={"X-Fake-Action": "done"},
-        )
+        answer = {
+            "id": f"act_{self.p.total}",
+            "executed": self.p.executions[key],
+            "echo": json.loads(received.body or b"null"),
+        }
+        self.p.answers[key] = json.dumps(answer).encode()  # what json_response sends
+        return web.json_response(answer, status=201, headers={"X-Fake-Action": "done"})
 
     async def exports(self, request: web.Request) -> web.StreamResponse:
         """A side effect with a large answer: `?bytes=N` streamed in 64 KB chunks of a pattern

@@ -64,6 +64,8 @@ class ReceivedSpan:
     start_ns: int
     end_ns: int
     events: tuple[str, ...] = ()
+    links: tuple[tuple[str, str], ...] = ()
+    """(trace id, span id) of each span this one links to."""
 
     @property
     def duration_s(self) -> float:
@@ -126,6 +128,9 @@ def _decode(body: bytes) -> list[ReceivedSpan]:
                         start_ns=span.start_time_unix_nano,
                         end_ns=span.end_time_unix_nano,
                         events=tuple(event.name for event in span.events),
+                        links=tuple(
+                            (link.trace_id.hex(), link.span_id.hex()) for link in span.links
+                        ),
                     )
                 )
     return spans

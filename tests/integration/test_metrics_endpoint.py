@@ -237,3 +237,25 @@ async def test_metrics_token_is_required_when_its_variable_is_set(
         http.get(f"{proxy.base}/metrics") as answer,
     ):
         assert answer.status == 200
+
+
+async def test_waiting_deferred_work_is_counted_with_its_oldest_age(tmp_path: Path) -> None:
+    """Deferred work waiting to start shows as `accepted` entries, with the age of the oldest;
+    with none waiting the age series is absent."""
+    config = load(tmp_path)
+    store = await open_store(config)
+    try:
+        async with metrics_app(config, store) as (_app, url):
+            idle = await scrape(url)
+            for key in ("d1", "d2"):
+                result = await store.deferred.defer(
+                    claim_request(key), b"{}", max_per_tenant=10, max_per_upstream=10
+                )
+                assert result.kind == "accepted"
+            waiting = await scrape(url)
+    finally:
+        await store.close()
+    assert entries(idle)["accepted"] == 0
+    assert ("interlock_ledger_oldest_accepted_age_seconds", ()) not in idle
+    assert entries(waiting)["accepted"] == 2
+    assert waiting[("interlock_ledger_oldest_accepted_age_seconds", ())] >= 0

@@ -267,3 +267,56 @@ def test_missing_class_bands_fall_back_to_the_design_defaults() -> None:
     assert isinstance(decide_entry(config, state, request("interactive"), NOW), Reject)
     assert isinstance(decide_entry(config, state, request("critical"), NOW), Admit)
     assert isinstance(decide_entry(config, state, request("bulk"), NOW), Queue)
+
+
+def test_deferred_work_leaves_the_share_of_bands_that_cannot_wait() -> None:
+    """In a scope of 10, deferred bulk work stops at 3 running (critical keeps 1, interactive its
+    6): the next deferred call queues while a live bulk call and an interactive call still start."""
+    config = make_config(upstream=Limits(max_running=10))
+    state = AdmissionState(
+        running={"upstream:mail": 3},
+        running_by_class={("upstream:mail", "bulk"): 3},  # type: ignore[dict-item]
+    )
+    deferred = request("bulk", deferred=True)
+    assert isinstance(decide_entry(config, state, deferred, NOW), Queue)
+    assert isinstance(decide_entry(config, state, request("bulk"), NOW), Admit)
+    assert isinstance(decide_entry(config, state, request("interactive"), NOW), Admit)
+    fewer = AdmissionState(
+        running={"upstream:mail": 2},
+        running_by_class={("upstream:mail", "bulk"): 2},  # type: ignore[dict-item]
+    )
+    assert isinstance(decide_entry(config, fewer, deferred, NOW), Admit)
+
+
+def test_deferred_work_may_use_what_interactive_calls_leave_above_their_share() -> None:
+    """Once interactive calls fill their own share, deferred work counts only the rest: 6
+    interactive and 2 deferred running in 10 leave room for one more deferred call."""
+    config = make_config(upstream=Limits(max_running=10))
+    state = AdmissionState(
+        running={"upstream:mail": 8},
+        running_by_class={  # type: ignore[dict-item]
+            ("upstream:mail", "interactive"): 6,
+            ("upstream:mail", "bulk"): 2,
+        },
+    )
+    assert isinstance(decide_entry(config, state, request("bulk", deferred=True), NOW), Admit)
+
+
+def test_deferred_work_ages_from_when_it_was_accepted() -> None:
+    """A deferred call that has waited in the ledger is lifted earlier: its ageing counts from
+    `waiting_since`, never from a time in the future."""
+    config = make_config(global_limits=Limits(max_running=1))
+    state = running("global", 1)
+    fresh = decide_entry(config, state, request("bulk", deadline=NOW + 1000), NOW)
+    old = decide_entry(
+        config, state, request("bulk", deadline=NOW + 1000, waiting_since=NOW - 200), NOW
+    )
+    future = decide_entry(
+        config, state, request("bulk", deadline=NOW + 1000, waiting_since=NOW + 50), NOW
+    )
+    assert isinstance(fresh, Queue)
+    assert isinstance(old, Queue)
+    assert isinstance(future, Queue)
+    assert fresh.lift_at == NOW + 150.0
+    assert old.lift_at == NOW - 50.0
+    assert future.lift_at == fresh.lift_at

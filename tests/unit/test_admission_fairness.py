@@ -160,3 +160,34 @@ def test_expired_waiters_are_refused_and_cooling_upstreams_wait() -> None:
     assert [w.seq for w, _ in result.expired] == [expired.seq]
     assert result.expired[0][1].reason == "deadline"
     assert [w.seq for w in result.starts] == [ready.seq]
+
+
+def test_a_waiting_deferred_call_is_not_started_into_the_live_reserve() -> None:
+    """A slot frees in a scope of 10 with 3 bulk calls running and interactive calls unable to
+    wait: the waiting live bulk call starts, the waiting deferred one (same band, same scopes)
+    does not, since interactive's share (6) and critical's reserve (1) stay free of it."""
+    bands = {
+        "critical": ClassBand("critical", 0.10, 30.0),
+        "interactive": ClassBand("interactive", 0.60, 0.0),
+        "background": ClassBand("background", 0.25, 30.0),
+        "bulk": ClassBand("bulk", 0.05, 300.0),
+    }
+    config = Config(
+        upstreams={"mail": UpstreamSpec("mail", "mcp_http", url="http://127.0.0.1:9")},
+        classes=bands,  # type: ignore[arg-type]
+        limits={"global": Limits(max_running=10)},
+    )
+    state = AdmissionState(
+        running={"global": 3},
+        running_by_class={("global", "bulk"): 3},  # type: ignore[dict-item]
+    )
+    waiters = []
+    for seq, deferred in ((1, True), (2, False)):
+        request = AdmissionRequest("acme", "bulk", "mail", deadline=NOW + 1000, deferred=deferred)
+        decision = decide_entry(config, AdmissionState(running={"global": 10}), request, NOW)
+        assert isinstance(decision, Queue)
+        waiters.append(
+            Waiter(seq, request, decision.scopes, NOW, decision.deadline, decision.lift_at)
+        )
+    starts = select_starts(config, state, waiters, NOW).starts
+    assert [w.seq for w in starts] == [2]

@@ -18,6 +18,7 @@ KNOWN_METRICS = (
     "interlock_admission_to_first_byte_seconds_bucket",
     "interlock_upstream_cooldown_active",
     "interlock_ledger_oldest_unknown_age_seconds",
+    "interlock_ledger_oldest_accepted_age_seconds",
     "interlock_ledger_entries",
     "interlock_ledger_up",
     "interlock_telemetry_spans_dropped_total",

@@ -18,6 +18,7 @@ from policies.classify import Classification
 from policies.keys import KeyDecision
 from policies.model import UpstreamSpec, WorkClass
 from policies.redaction import redacted
+from proxy.mcp.wire.tasks import TaskLine
 from proxy.telemetry import tracing
 
 __all__ = ["JsonObject", "McpCallContext", "Notify", "OnWait", "SendUpstream", "ToolCall"]
@@ -39,6 +40,9 @@ class McpCallContext:
     session_id: str | None = None
     protocol_version: str | None = None
     client_gone: asyncio.Event = field(default_factory=asyncio.Event)
+    task_line: TaskLine | None = None
+    """How the client takes a task handle, if it can: it declared 2025-11-25 `tasks` for its
+    session ("core"), or the 2026-07-28 extension in this request ("extension")."""
 
     @property
     def modern(self) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 from ledger import EntryView
 
-__all__ = ["REPLAY_META", "decode_replay", "encode_outcome", "outcome_state"]
+__all__ = ["REPLAY_META", "decode_replay", "encode_outcome", "outcome_state", "stored_answer"]
 
 REPLAY_META = "interlock/replayed"
 JsonObject = dict[str, Any]
@@ -55,6 +55,15 @@ def decode_replay(entry: EntryView, request_id: Any, *, modern: bool) -> JsonObj
             "data": {**data, **marker} if isinstance(data, dict) else {**marker, "upstream": data},
         }
     return {"jsonrpc": "2.0", "id": request_id, **stored}
+
+
+def stored_answer(outcome: bytes, *, modern: bool) -> JsonObject:
+    """A stored outcome as it was (`{"result": …}` or `{"error": …}`), in the caller's revision:
+    a deferred call's result given to the caller that created it (not a replay)."""
+    stored: JsonObject = json.loads(outcome)
+    if isinstance(stored.get("result"), dict):
+        stored["result"] = _in_revision(stored["result"], modern=modern)
+    return stored
 
 
 def _in_revision(result: JsonObject, *, modern: bool) -> JsonObject:

@@ -34,6 +34,7 @@ from proxy.errors import (
 from proxy.mcp.pipeline.attempts import ForwardPlan, forward_with_retries
 from proxy.mcp.pipeline.context import JsonObject, ToolCall
 from proxy.mcp.pipeline.outcomes import decode_replay, encode_outcome, outcome_state
+from proxy.mcp.wire.tasks import created_task_id
 from proxy.runtime.leases import (
     AttemptNotClaimed,
     Lease,
@@ -239,6 +240,8 @@ async def _record(
                 )
             )
         call.span.set_attribute("interlock.ledger.state", state)
+        if (task_id := created_task_id(response)) is not None:  # the upstream's own task
+            await store.deferred.note_upstream_task(lease.entry_id, call.ctx.upstream.name, task_id)
     except StaleToken as exc:
         # Our lease ran out and the entry was marked unknown meanwhile; the upstream's answer is
         # the truth for this caller, and the ledger kept it as evidence for reconciliation.

@@ -37,6 +37,7 @@ from proxy.mcp.pipeline.context import (
     SendUpstream,
     ToolCall,
 )
+from proxy.mcp.pipeline.deferral import defer_or_start, wants_task
 from proxy.mcp.pipeline.side_effects import run_side_effect
 from proxy.runtime.scheduler import AdmissionRefused, Slot
 from proxy.runtime.upstream_pressure import retry_cap
@@ -251,8 +252,15 @@ def _upstream_answer(call: ToolCall, exc: UpstreamNotReached | UpstreamPressure)
 async def _admit_and_run(call: ToolCall, send_upstream: SendUpstream, notify: Notify) -> JsonObject:
     on_wait = _progress(call, notify)
     admission = _admission_request(call)
+    slot: Slot | None = None
+    if wants_task(call):  # a task handle now, unless it can start now (and did not ask)
+        deferred = await defer_or_start(call, admission)
+        if isinstance(deferred, dict):
+            return deferred
+        slot = deferred
     try:
-        slot = await _admit(call, admission, on_wait)
+        if slot is None:
+            slot = await _admit(call, admission, on_wait)
     except AdmissionRefused as refused:
         return await _refused(call, refused, record=True)
     plan = _plan(call, send_upstream, slot, admission, on_wait)

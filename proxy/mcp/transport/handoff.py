@@ -14,11 +14,24 @@ from aiohttp import web
 from policies.model import UpstreamSpec
 from proxy.mcp.pipeline.tools_call import McpCallContext, handle_tools_call
 from proxy.mcp.transport.reply import ClientReply
+from proxy.mcp.transport.sessions import session_info
 from proxy.mcp.upstreams.channels import UpstreamChannel
 from proxy.mcp.wire.jsonrpc import JsonObject, Message
+from proxy.mcp.wire.tasks import TaskLine, declares_extension
 from proxy.state import RUNTIME
 
 __all__ = ["run_tools_call"]
+
+
+def _task_line(
+    app: web.Application, message: Message, session_id: str | None, *, modern: bool
+) -> TaskLine | None:
+    """Whether (and how) this call's client can take a task handle."""
+    if modern:
+        meta = message.params.get("_meta")
+        return "extension" if isinstance(meta, dict) and declares_extension(meta) else None
+    info = session_info(app, session_id)
+    return "core" if info is not None and info.client_tasks else None
 
 
 async def run_tools_call(
@@ -51,6 +64,7 @@ async def run_tools_call(
         session_id=session_id,
         protocol_version=protocol_version,
         client_gone=gone,
+        task_line=_task_line(app, message, session_id, modern=modern),
     )
 
     async def send_upstream(outgoing: JsonObject, timeout_s: float) -> JsonObject:

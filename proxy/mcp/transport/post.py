@@ -21,6 +21,7 @@ from policies.answers import refused
 from policies.model import UpstreamSpec
 from proxy.errors import UpstreamError
 from proxy.mcp.catalog import learn_tools
+from proxy.mcp.tasks.methods import TASK_METHODS, handle_task_request
 from proxy.mcp.transport.context import (
     Answered,
     PostContext,
@@ -36,6 +37,7 @@ from proxy.mcp.upstreams.stdio_pool import SessionCapReached
 from proxy.mcp.upstreams.streamable_http import relay_http
 from proxy.mcp.wire.headers import MCP_SESSION_ID_HEADER, upstream_request_headers
 from proxy.mcp.wire.jsonrpc import Message, WireMessage, dumps, wire_bytes
+from proxy.mcp.wire.tasks import declares_core_tasks
 from proxy.state import CONFIG
 from proxy.telemetry.tracing import inject_headers
 
@@ -58,6 +60,10 @@ async def handle_single(pc: PostContext, message: Message) -> web.StreamResponse
     ) as outcome:
         if message.kind == "request" and message.method == "tools/call":
             return await _tools_call(pc, message, outcome)
+        if message.kind == "request" and message.method in TASK_METHODS:
+            answered = await handle_task_request(pc, message)
+            if answered is not None:  # else: the upstream's own task
+                return answered
         return await _forward(pc, message, outcome)
 
 
@@ -133,6 +139,7 @@ def _session_info(spec: UpstreamSpec, params: Mapping[str, Any]) -> SessionInfo:
         protocol_version=version if isinstance(version, str) else None,
         client_name=client.get("name"),
         client_version=client.get("version"),
+        client_tasks=declares_core_tasks(params),
     )
 
 

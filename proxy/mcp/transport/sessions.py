@@ -38,6 +38,8 @@ class SessionInfo:
     protocol_version: str | None
     client_name: str | None = None
     client_version: str | None = None
+    client_tasks: bool = False
+    """The client declared the `tasks` capability (2025-11-25): it can take a task handle."""
 
 
 class SessionRegistry:
