@@ -7,4 +7,5 @@ attempts    admission per attempt, sending, relaying the answer
 paths, headers      pure: which URL a path names, which headers cross
 upstream, downstream  the two sides of the exchange
 outcomes    stored and replayed answers;  usage  token usage read from answers
+jobs        `Prefer: respond-async` and `GET/DELETE /jobs/{id}`;  deferred_run  running a job
 """

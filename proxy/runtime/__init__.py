@@ -1,3 +1,5 @@
 """Shared by the MCP and HTTP paths: admission (`scheduler`), a call's hold on its ledger entry
-(`leases`), upstream pressure in the retry policy's words (`upstream_pressure`), and ledger
-writes that outlive a cancelled call (`ledger_writes`)."""
+(`leases`), upstream pressure in the retry policy's words (`upstream_pressure`), ledger
+writes that outlive a cancelled call (`ledger_writes`), and deferred work: the dispatcher that
+runs accepted calls when admission allows (`deferred`) and a claimed call in its runner's hands
+(`deferred_job`)."""

@@ -4,9 +4,10 @@
 - Inside `proxy/`: the MCP path (`proxy.mcp`) and the HTTP path (`proxy.http`) never import each
   other; neither imports the operator surface (`proxy.ops`) or the wiring (`proxy.app`); the
   shared layers (`proxy.runtime`, `proxy.telemetry`) import neither path nor `ops`/`app`.
+- The edge (`proxy.edge`) and the listener (`proxy.listener`) import neither path, `ops` nor `app`.
 - Inside `proxy.mcp`: `wire` imports nothing else of `proxy.mcp`; `pipeline` never imports
-  `transport` or `upstreams` (it is handed a `send_upstream` callable); `upstreams` never imports
-  `transport` or `pipeline`.
+  `transport`, `upstreams` or `tasks` (it is handed a `send_upstream` callable); `upstreams` never
+  imports `transport`, `pipeline` or `tasks`; `tasks` (like `transport`) wires them together.
 - No import cycles among our modules (imports under `if TYPE_CHECKING:` count too: a circle of
   type imports is still a circle a reader has to untangle).
 """
@@ -37,20 +38,36 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ),
     (
         "proxy.mcp.wire",
-        ("proxy.mcp.transport", "proxy.mcp.upstreams", "proxy.mcp.pipeline", "proxy.mcp.catalog"),
+        (
+            "proxy.mcp.transport",
+            "proxy.mcp.upstreams",
+            "proxy.mcp.pipeline",
+            "proxy.mcp.tasks",
+            "proxy.mcp.catalog",
+        ),
         "the wire format is pure",
     ),
     (
         "proxy.mcp.pipeline",
-        ("proxy.mcp.transport", "proxy.mcp.upstreams"),
+        ("proxy.mcp.transport", "proxy.mcp.upstreams", "proxy.mcp.tasks"),
         "the pipeline is handed its upstream; it never reaches for the transport",
     ),
     (
         "proxy.mcp.upstreams",
-        ("proxy.mcp.transport", "proxy.mcp.pipeline"),
+        ("proxy.mcp.transport", "proxy.mcp.pipeline", "proxy.mcp.tasks"),
         "upstreams know the wire, not the client side or the pipeline",
     ),
     ("proxy.state", ("proxy.mcp", "proxy.http", "proxy.ops", "proxy.app"), "state is shared"),
+    (
+        "proxy.edge",
+        ("proxy.mcp", "proxy.http", "proxy.ops", "proxy.app"),
+        "the edge judges every request before any path sees it",
+    ),
+    (
+        "proxy.listener",
+        ("proxy.mcp", "proxy.http", "proxy.ops", "proxy.app"),
+        "the listener holds connections and knows no path",
+    ),
     ("proxy.errors", ("proxy.",), "the exception tree imports nothing of ours"),
 )
 
