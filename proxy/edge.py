@@ -34,6 +34,16 @@ def _refusal(request: web.Request, answer: Answer) -> web.Response:
     return web.json_response(body, status=answer.http_status)
 
 
+def _own_host(request: web.Request) -> str | None:
+    """The Host a same-origin `Origin` may equal: only on `/mcp` (an MCP server accepts its own
+    origin), and only when `Host` is checked. On `/http`, `/jobs` and `/admin` a page served at our
+    origin (a relayed upstream answer) must not drive the model API or the operator API; with
+    `allowed_hosts: ["*"]` a DNS-rebinding page's Origin always equals its Host."""
+    if not request.path.startswith("/mcp") or "*" in request.app[CONFIG].edge.allowed_hosts:
+        return None
+    return request.headers.get("Host")
+
+
 @web.middleware
 async def edge_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Refuse foreign browser origins (403) and foreign Host names (421) on the guarded routes."""
@@ -50,7 +60,7 @@ async def edge_guard(request: web.Request, handler: Handler) -> web.StreamRespon
                 http_status=421,
             ),
         )
-    if not origin_allowed(request.headers.get("Origin"), config.edge, request.headers.get("Host")):
+    if not origin_allowed(request.headers.get("Origin"), config.edge, _own_host(request)):
         return _refusal(
             request,
             bad_request(

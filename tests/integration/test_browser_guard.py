@@ -180,3 +180,36 @@ async def test_admin_csrf_is_refused(tmp_path: Path, provider: FakeProvider):
         async with http.post(pause, json={}) as answer:
             assert answer.status == 200
         assert proxy.scheduler.snapshot().paused
+
+
+async def test_same_origin_passes_only_on_mcp_and_only_when_host_is_checked(
+    tmp_path: Path, upstream: RunningUpstream, provider: FakeProvider
+):
+    """An Origin equal to the request's own Host is same-origin on /mcp (as an MCP server accepts
+    it). It is not on /http and /admin: a relayed upstream answer is served at the proxy's origin,
+    and a page in it must not drive the model API or the operator API. With `allowed_hosts: ["*"]`
+    the Host is not checked, so a rebinding page's Origin always equals its Host: refused."""
+    async with (
+        running_proxy(_config(upstream.url, provider.url), tmp_path) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        own = proxy.base.removeprefix("http://")
+        same = {"Origin": f"http://{own}"}
+        async with http.post(
+            proxy.mcp_url("mail"), json=INITIALIZE, headers={**MCP_HEADERS, **same}
+        ) as answer:
+            assert answer.status == 200, await answer.text()
+        async with http.get(f"{proxy.base}/http/llm/v1/models", headers=same) as answer:
+            assert answer.status == 403
+            assert (await answer.json())["error"]["reason"] == "origin_not_allowed"
+        async with http.get(f"{proxy.base}/admin/stats", headers=same) as answer:
+            assert answer.status == 403
+        assert provider.count("/v1/models") == 0
+    extra = 'allowed_hosts: ["*"]'
+    async with (
+        running_proxy(_config(upstream.url, provider.url, extra), tmp_path / "any") as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        rebinding = {**MCP_HEADERS, "Host": EVIL_HOST, "Origin": EVIL_ORIGIN}
+        async with http.post(proxy.mcp_url("mail"), json=INITIALIZE, headers=rebinding) as answer:
+            assert answer.status == 403
