@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Literal, TypeVar
@@ -35,13 +36,21 @@ from ledger.views import ClaimRequest, EntryView, Outcome
 __all__ = ["Candidate", "DeferredWork", "TaskPage", "upstream_task_id"]
 
 T = TypeVar("T")
+_TASK_ID_CHARS = 64  # ledger_entries.task_id is VARCHAR(64)
 Submit = Callable[[Operation[T]], Awaitable[T]]
 Reading = Callable[[str], contextlib.AbstractAsyncContextManager[AsyncConnection]]
 
 
 def upstream_task_id(upstream: str, task_id: str) -> str:
-    """How the ledger names a task that `upstream` itself created."""
-    return f"{UPSTREAM_TASK_PREFIX}{upstream}:{task_id}"
+    """How the ledger names a task that `upstream` itself created: `up:<upstream>:<id>`, or, when
+    that would not fit the column (an upstream chooses its ids' length), `up:sha256:` and 54 hex
+    digits of the digest of upstream and id."""
+    named = f"{UPSTREAM_TASK_PREFIX}{upstream}:{task_id}"
+    if len(named) <= _TASK_ID_CHARS:
+        return named
+    digest = hashlib.sha256(f"{upstream}\0{task_id}".encode()).hexdigest()
+    prefix = f"{UPSTREAM_TASK_PREFIX}sha256:"
+    return prefix + digest[: _TASK_ID_CHARS - len(prefix)]
 
 
 class TaskPage:

@@ -311,3 +311,16 @@ async def test_a_cancelled_tasks_key_sent_live_again_is_no_longer_that_task(
     assert (live.kind, live.entry.id, live.entry.task_id) == ("new", entry.id, None)
     assert entry.task_id is not None
     assert await ledger_store.deferred.task(entry.task_id, "acme") is None
+
+
+async def test_an_upstreams_own_task_of_any_length_is_owned_by_its_tenant(
+    ledger_store: LedgerStore,
+) -> None:
+    """An upstream's task id is the upstream's to choose (the specification bounds no length): a
+    long one is recorded like a short one and found only for the tenant whose call created it."""
+    for key, task_id in (("short", "up-task-1"), ("long", "t" * 300)):
+        claimed = await ledger_store.claim(claim_request(key))
+        await ledger_store.deferred.note_upstream_task(claimed.entry.id, "up", task_id)
+        assert await ledger_store.deferred.upstream_task_owner("up", task_id) == "acme"
+        assert await ledger_store.deferred.upstream_task_owner("other", task_id) is None
+    assert await ledger_store.deferred.upstream_task_owner("up", "t" * 299) is None
