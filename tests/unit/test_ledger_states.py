@@ -51,7 +51,10 @@ class MemoryLedger:
 
 
 def test_transition_table_matches_the_design() -> None:
-    """Exactly the moves drawn in DESIGN.md are legal; everything else raises."""
+    """Exactly the moves drawn in DESIGN.md, plus the two deferred work adds, are legal;
+    everything else raises. Added: accepted → rejected (a task cancelled before it started, or
+    deferred work given up after its attempts) and rejected → accepted (a refused key deferred
+    again as a new task); DESIGN's diagram does not draw them."""
     legal = {
         (None, S.RUNNING),
         (None, S.REJECTED),
