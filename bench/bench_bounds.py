@@ -105,7 +105,12 @@ async def _run(quick: bool) -> list[Table]:
     base = f"http://127.0.0.1:{port}"
     table = Table(
         title="Bounds: what one abusive client costs interlock serve",
-        columns=["case", "what the client got", "RSS MB before → after", "open fds before → peak"],
+        columns=[
+            "case",
+            "what the client got",
+            "RSS MB before → after",
+            "open fds before → after (flood: peak)",
+        ],
     )
     async with _upstream(size) as upstream:
         with tempfile.TemporaryDirectory() as folder:
