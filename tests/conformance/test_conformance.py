@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from policies.config_schema import DefaultsIn
 from tests.conformance import processes
 from tests.conformance.suite import ScenarioResult, SuiteTools, find_tools
 from tests.conformance.suite import run_suite as _run_suite
@@ -33,8 +32,6 @@ SECONDS: dict[str, float] = {}
 HTTP_DONE_AT: list[float] = []
 """When the first run through the proxy ended (monotonic)."""
 DEDUP_WINDOW_S = 1.0
-HAS_DEDUP_WINDOW = "dedup_window_s" in DefaultsIn.model_fields
-"""Whether the configuration knows `defaults.dedup_window_s` (another change adds the key)."""
 KNOWN_DIFFERENCES: dict[str, str] = {}
 """Scenarios that still differ through the proxy for reasons other changes fix. An entry that no
 longer differs fails the test: delete it then, so that the scenario is guarded again."""
@@ -63,11 +60,10 @@ def upstream_url(folder: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def proxy_base(folder: Path, upstream_url: str) -> Iterator[str]:
-    has_window = HAS_DEDUP_WINDOW
     lines = [
         'listen: "{listen}"',
         'ledger: {{url: "sqlite:///ledger.db"}}',
-        *([f"defaults: {{{{dedup_window_s: {DEDUP_WINDOW_S}}}}}"] if has_window else []),
+        f"defaults: {{{{dedup_window_s: {DEDUP_WINDOW_S}}}}}",
         "upstreams:",
         f"  ref_http: {{{{mcp: {json.dumps(upstream_url)}}}}}",
         "  ref_stdio:",
@@ -135,12 +131,6 @@ def test_through_the_proxy_over_stdio_the_same_scenarios_pass(
     assert _differences("stdio") == []
 
 
-@pytest.mark.xfail(
-    not HAS_DEDUP_WINDOW,
-    reason="without defaults.dedup_window_s a derived key replays the first run's outcomes "
-    "(no elicitation, sampling, logging or progress reaches the client a second time)",
-    strict=True,
-)
 def test_a_second_run_on_the_same_ledger_after_the_dedup_window_passes_too(
     tools: SuiteTools, folder: Path, proxy_base: str
 ) -> None:
