@@ -197,8 +197,15 @@ class DeferredWork:
             row = await deferred_queries.find_task(conn, task_id, tenant)
         return None if row is None else row.view()
 
-    async def tasks(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> TaskPage:
-        """A page of tenant `tenant`'s tasks, newest first.
+    async def tasks(
+        self,
+        tenant: str,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        upstream: str | None = None,
+    ) -> TaskPage:
+        """A page of tenant `tenant`'s tasks (on `upstream` only, if given), newest first.
 
         Raises:
             ValueError: `cursor` is not one this ledger gave out.
@@ -206,7 +213,9 @@ class DeferredWork:
         """
         before = None if cursor is None else _parse_cursor(cursor)
         async with self._reading("tasks") as conn:
-            rows = await deferred_queries.list_tasks(conn, tenant, limit=limit + 1, before=before)
+            rows = await deferred_queries.list_tasks(
+                conn, tenant, limit=limit + 1, before=before, upstream=upstream
+            )
         entries = [row.view() for row in rows[:limit]]
         more = len(rows) > limit
         return TaskPage(entries, _cursor(entries[-1]) if more and entries else None)

@@ -165,14 +165,22 @@ async def task_owner(conn: AsyncConnection, task_id: str) -> str | None:
 
 
 async def list_tasks(
-    conn: AsyncConnection, tenant: str, *, limit: int, before: tuple[datetime, str] | None
+    conn: AsyncConnection,
+    tenant: str,
+    *,
+    limit: int,
+    before: tuple[datetime, str] | None,
+    upstream: str | None = None,
 ) -> list[EntryRow]:
-    """Tenant `tenant`'s tasks (the proxy's own), newest first, created before `before`."""
+    """Tenant `tenant`'s tasks (the proxy's own; on `upstream` only, if given), newest first,
+    created before `before`."""
     stmt: Any = _select_rows().where(
         ENTRIES.c.tenant == tenant,
         ENTRIES.c.task_id.is_not(None),
         ENTRIES.c.task_id.not_like(f"{UPSTREAM_TASK_PREFIX}%"),
     )
+    if upstream is not None:
+        stmt = stmt.where(ENTRIES.c.upstream == upstream)
     if before is not None:
         created, entry_id = before
         stmt = stmt.where(

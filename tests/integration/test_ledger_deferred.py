@@ -228,6 +228,21 @@ async def test_tasks_are_listed_per_tenant_in_pages(ledger_store: LedgerStore) -
         await ledger_store.deferred.tasks("acme", cursor="nonsense!")
 
 
+async def test_tasks_are_listed_per_upstream_in_full_pages(ledger_store: LedgerStore) -> None:
+    """`tasks/list` on one upstream's endpoint pages through that upstream's tasks only: every
+    page but the last is full, however the tenant's tasks on other upstreams interleave."""
+    for i in range(6):
+        await _defer(ledger_store, f"m{i}")
+        await _defer(ledger_store, f"o{i}", upstream="other")
+    first = await ledger_store.deferred.tasks("acme", limit=3, upstream="mail")
+    rest = await ledger_store.deferred.tasks(
+        "acme", limit=3, cursor=first.next_cursor, upstream="mail"
+    )
+    assert [e.idempotency_key for e in first.entries] == ["m5", "m4", "m3"]
+    assert [e.idempotency_key for e in rest.entries] == ["m2", "m1", "m0"]
+    assert rest.next_cursor is None
+
+
 async def _spawn(url: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,

@@ -262,7 +262,10 @@ async def _list(
     cursor = params.get("cursor")
     try:
         page = await store.deferred.tasks(
-            tenant, limit=_PAGE, cursor=cursor if isinstance(cursor, str) else None
+            tenant,
+            limit=_PAGE,
+            cursor=cursor if isinstance(cursor, str) else None,
+            upstream=pc.spec.name,
         )
     except ValueError as exc:
         raise _Refused(
@@ -271,11 +274,7 @@ async def _list(
     except LedgerError as exc:
         raise _Refused(answers.ledger_unavailable(str(exc))) from exc
     config = pc.app[CONFIG]
-    tasks = [
-        core_task(task_view(config, entry, "core"))
-        for entry in page.entries
-        if entry.upstream == pc.spec.name
-    ]
+    tasks = [core_task(task_view(config, entry, "core")) for entry in page.entries]
     listed: JsonObject = {"tasks": tasks}
     if page.next_cursor is not None:
         listed["nextCursor"] = page.next_cursor
