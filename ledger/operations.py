@@ -71,8 +71,10 @@ def _lease_end(ctx: OpContext) -> timedelta:
     return timedelta(seconds=ctx.lease_s)
 
 
-def _new_row(req: ClaimRequest, ctx: OpContext, state: EntryState) -> EntryRow:
-    entry_id = new_entry_id(ctx.now)
+def _new_row(
+    req: ClaimRequest, ctx: OpContext, state: EntryState, entry_id: str | None = None
+) -> EntryRow:
+    entry_id = entry_id or new_entry_id(ctx.now)
     key = req.idempotency_key
     return EntryRow(
         id=entry_id,
@@ -331,12 +333,16 @@ class Renew:
 
 @dataclass(frozen=True, slots=True)
 class RecordRejection:
-    """A refusal as a durable fact. Returns None when the key already names a live entry."""
+    """A refusal as a durable fact. Returns None when the key already names a live entry.
+
+    `entry_id` is the id a new entry takes (the refusal's answer may name it before the write);
+    a key that already names an entry keeps that entry's own id."""
 
     req: ClaimRequest
     reason: str
     scope: str
     retry_after_s: float
+    entry_id: str | None = None
 
     def declare(self, needs: Needs) -> None:
         if self.req.idempotency_key is not None:
@@ -347,7 +353,7 @@ class RecordRejection:
         evidence = {"reason": self.reason, "scope": self.scope, "retry_after_s": self.retry_after_s}
         row = _current_row(ws, req, ctx)
         if row is None:
-            row = _new_row(req, ctx, _S.REJECTED)
+            row = _new_row(req, ctx, _S.REJECTED, self.entry_id)
             row.error, row.retry_after_s = self.reason, self.retry_after_s
             ws.insert(row)
             ws.record(row, None, at=ctx.now, actor=ctx.owner, reason="rejected", evidence=evidence)

@@ -20,7 +20,7 @@ from typing import Literal
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger import queries
-from ledger.batch import OpContext
+from ledger.batch import OpContext, new_entry_id
 from ledger.db import Engines, open_engines, sqlite_file, translate_errors
 from ledger.deferred import DeferredWork
 from ledger.errors import LedgerError, LedgerUnavailable
@@ -234,14 +234,28 @@ class LedgerStore:
         return await self._writer.submit(Renew(entry_id, token))
 
     async def record_rejection(
-        self, req: ClaimRequest, *, reason: str, scope: str, retry_after_s: float
+        self,
+        req: ClaimRequest,
+        *,
+        reason: str,
+        scope: str,
+        retry_after_s: float,
+        entry_id: str | None = None,
     ) -> EntryView | None:
         """Record a refusal as a `rejected` entry (batched with other writes).
 
+        A new entry takes `entry_id` when one is given (from `new_entry_id()`, e.g. named in the
+        refusal's answer before this write); a key that already names an entry keeps its own id.
         Returns None, writing nothing, when the key already names an entry in another state or
         with another fingerprint: a refusal never overwrites a live or finished entry.
         """
-        return await self._writer.submit(RecordRejection(req, reason, scope, retry_after_s))
+        op = RecordRejection(req, reason, scope, retry_after_s, entry_id)
+        return await self._writer.submit(op)
+
+    @staticmethod
+    def new_entry_id() -> str:
+        """A fresh entry id (time-ordered, then random), for a write that names it in advance."""
+        return new_entry_id(utcnow())
 
     async def resolve(
         self,

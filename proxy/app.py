@@ -26,6 +26,7 @@ from proxy.mcp.tasks.runner import register_mcp_runner
 from proxy.mcp.transport.routes import setup_mcp
 from proxy.ops import admin, health
 from proxy.runtime.deferred import DEFERRED, Dispatcher
+from proxy.runtime.rejections import REJECTIONS, RejectionRecorder
 from proxy.runtime.scheduler import Scheduler
 from proxy.state import (
     CONFIG,
@@ -44,6 +45,7 @@ __all__ = ["create_app"]
 log = logging.getLogger("interlock")
 
 _LEDGER_RETRY_S = 2.0
+_REJECTIONS_DRAIN_S = 10.0  # how long shutdown lets refusal records written behind land
 
 
 def default_replica_id() -> str:
@@ -59,6 +61,7 @@ def create_app(config: Config, *, replica_id: str | None = None) -> web.Applicat
     app[RUNTIME] = Runtime()
     app[SCHEDULER] = Scheduler(config)
     app[LEDGER] = LedgerHandle()
+    app[REJECTIONS] = RejectionRecorder(app[LEDGER])
     app[RETRY_BUDGETS] = RetryBudgets(config.upstreams, clock=time.monotonic)
     app.cleanup_ctx.append(_ledger_ctx)
     app.on_shutdown.append(_begin_shutdown)
@@ -141,6 +144,8 @@ async def _ledger_ctx(app: web.Application) -> AsyncIterator[None]:
     task = asyncio.create_task(_ledger_maintenance(app), name="ledger-maintenance")
     yield
     await _drain_in_flight(app)
+    # refusals answered meanwhile (queued calls refused at shutdown too) are written before close
+    await app[REJECTIONS].drain(_REJECTIONS_DRAIN_S)
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task

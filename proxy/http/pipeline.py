@@ -44,6 +44,7 @@ from proxy.runtime.leases import (
     record_finish,
 )
 from proxy.runtime.ledger_writes import until_written
+from proxy.runtime.rejections import REJECTIONS
 from proxy.runtime.scheduler import AdmissionRefused
 from proxy.state import CONFIG, LEDGER
 from proxy.telemetry import metrics, tracing
@@ -77,9 +78,10 @@ async def run_http_call(call: HttpCall) -> web.StreamResponse:
         if call.slot is None:
             call.slot = await admit(call)
     except AdmissionRefused as exc:
-        if call.policy.side_effect:
-            await _record_rejection(call, exc.refusal)
-        return await call.answer(_refusal_answer(call, exc.refusal))
+        entry_id = None
+        if call.policy.side_effect:  # written behind the answer: nothing ran, nothing waits
+            entry_id = call.app[REJECTIONS].record(call.claim_request(), exc.refusal)
+        return await call.answer(_refusal_answer(call, exc.refusal, entry_id))
     try:
         if call.policy.side_effect:
             return await _run_side_effect(call)
@@ -225,8 +227,9 @@ async def _replay(call: HttpCall, entry: EntryView) -> web.StreamResponse:
     return replay_response(entry.outcome)
 
 
-def _refusal_answer(call: HttpCall, refusal: Refusal) -> Answer:
-    """429, or 503 when the upstream's cooldown outlasts the caller's deadline."""
+def _refusal_answer(call: HttpCall, refusal: Refusal, entry_id: str | None = None) -> Answer:
+    """429, or 503 when the upstream's cooldown outlasts the caller's deadline. `entry_id`
+    names the `rejected` entry being written behind it (only ever a new one)."""
     remaining = call.deadline - time.monotonic()
     down = refusal.reason == "cooldown" and refusal.retry_after_s > remaining
     key = call.key.key if call.key else None
@@ -236,20 +239,8 @@ def _refusal_answer(call: HttpCall, refusal: Refusal) -> Answer:
         refusal.retry_after_s,
         idempotency_key=key,
         upstream_down=down,
+        entry_id=entry_id,
     )
-
-
-async def _record_rejection(call: HttpCall, refusal: Refusal) -> None:
-    store = call.app[LEDGER].store
-    if store is None:
-        return
-    with contextlib.suppress(LedgerError):  # a refusal stays a refusal if it cannot be recorded
-        await store.record_rejection(
-            call.claim_request(),
-            reason=refusal.reason,
-            scope=refusal.scope,
-            retry_after_s=refusal.retry_after_s,
-        )
 
 
 def _over_budget(call: HttpCall) -> Answer | None:

@@ -39,6 +39,7 @@ __all__ = [
     "operation_duration",
     "queue_wait",
     "refusal",
+    "rejection_unrecorded",
     "retry",
     "token_usage",
     "would_reject",
@@ -146,6 +147,11 @@ class _Instruments:
             "interlock.idempotency.outcomes", "{call}", "Ledger claims by idempotency outcome"
         )
         self.tokens = c("interlock.model.tokens", "{token}", "Model tokens by direction")
+        self.unrecorded = c(
+            "interlock.ledger.rejections_unrecorded",
+            "{record}",
+            "Refusal records not written (dropped: backlog full; failed: the ledger refused)",
+        )
         h = meter.create_histogram
         self.first_byte = h(
             "interlock.admission_to_first_byte",
@@ -288,6 +294,11 @@ def admission(decision: str, upstream: str, reason: str | None = None) -> None:
 def would_reject(reason: str, scope: str, upstream: str) -> None:
     """Observe mode: enforce mode would have refused this call."""
     _instruments.would_reject.add(1, _refusal_attrs(reason, scope, upstream))
+
+
+def rejection_unrecorded(why: str, count: int = 1) -> None:
+    """Refusal records written behind the answer that never reached the ledger."""
+    _instruments.unrecorded.add(count, {"why": why})
 
 
 def retry(upstream: str) -> None:

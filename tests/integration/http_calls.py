@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
+from ledger import EntryNotFound
 from tests.integration.proxy_harness import RunningProxy
 
 __all__ = ["BOUNDED_S", "post", "settled"]
@@ -21,9 +22,14 @@ async def settled(proxy: RunningProxy, key: str, state: str) -> Any:
     relayed, so a test reading the ledger the moment its response ends may be a little early."""
     deadline = asyncio.get_running_loop().time() + BOUNDED_S
     while True:
-        entry, _ = await proxy.store.get(key)
-        if entry.state == state or asyncio.get_running_loop().time() > deadline:
-            return entry
+        try:
+            entry, _ = await proxy.store.get(key)
+        except EntryNotFound:  # a refusal's record is written behind its answer
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+        else:
+            if entry.state == state or asyncio.get_running_loop().time() > deadline:
+                return entry
         await asyncio.sleep(0.01)
 
 

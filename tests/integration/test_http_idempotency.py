@@ -187,7 +187,7 @@ async def test_admission_refusal_of_a_side_effect_is_recorded(
     status, _, body = await post(proxy, {"n": 1}, "k-refused")
     assert status == 429
     assert json.loads(body)["error"]["idempotency_key"] == "k-refused"
-    entry, _ = await proxy.store.get("k-refused")
+    entry = await settled(proxy, "k-refused", "rejected")  # written behind the answer
     assert entry.state == "rejected"
     assert provider.count() == 1
 

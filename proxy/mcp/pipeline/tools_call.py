@@ -15,7 +15,6 @@ from typing import Any
 
 from opentelemetry.trace import Span
 
-from ledger import LedgerError
 from policies import answers
 from policies.admission import AdmissionRequest
 from policies.attributes import BadAttribute, read_attributes
@@ -39,9 +38,10 @@ from proxy.mcp.pipeline.context import (
 )
 from proxy.mcp.pipeline.deferral import defer_or_start, wants_task
 from proxy.mcp.pipeline.side_effects import run_side_effect
+from proxy.runtime.rejections import REJECTIONS
 from proxy.runtime.scheduler import AdmissionRefused, Slot
 from proxy.runtime.upstream_pressure import retry_cap
-from proxy.state import CONFIG, LEDGER, SCHEDULER
+from proxy.state import CONFIG, SCHEDULER
 from proxy.telemetry import metrics, tracing
 
 __all__ = ["McpCallContext", "Notify", "SendUpstream", "handle_tools_call"]
@@ -194,32 +194,24 @@ async def _admit(call: ToolCall, request: AdmissionRequest, on_wait: OnWait | No
     return slot
 
 
-async def _refused(call: ToolCall, refused: AdmissionRefused, *, record: bool) -> JsonObject:
+def _refused(call: ToolCall, refused: AdmissionRefused, *, record: bool) -> JsonObject:
+    """The refusal's answer, at once: a side-effecting call's `rejected` record is written behind
+    it (nothing was executed, so nothing waits on that write)."""
     refusal = refused.refusal
     upstream = call.ctx.upstream.name
-    call.span.set_attribute("interlock.admission.decision", "rejected")
-    call.span.set_attribute("interlock.admission.reason", refusal.reason)
-    call.span.set_attribute("interlock.admission.scope", refusal.scope)
+    span = call.span
+    span.set_attribute("interlock.admission.decision", "rejected")
+    span.set_attribute("interlock.admission.reason", refusal.reason)
+    span.set_attribute("interlock.admission.scope", refusal.scope)
     if refusal.reason == "cooldown":
-        call.span.set_attribute("interlock.cooldown_s", refusal.retry_after_s)
+        span.set_attribute("interlock.cooldown_s", refusal.retry_after_s)
     metrics.refusal(refusal.reason, refusal.scope, upstream)
     metrics.admission("rejected", upstream, refusal.reason)
     entry_id = None
-    store = call.ctx.app[LEDGER].store
-    if record and call.policy.side_effect and store is not None:
-        try:
-            entry = await store.record_rejection(
-                call.claim_request(),
-                reason=refusal.reason,
-                scope=refusal.scope,
-                retry_after_s=refusal.retry_after_s,
-            )
-            entry_id = entry.id if entry is not None else None
-            if entry is not None:
-                call.span.set_attribute("interlock.ledger.entry_id", entry.id)
-                call.span.set_attribute("interlock.ledger.state", str(entry.state))
-        except LedgerError as exc:  # the refusal stands; only its record is missing
-            call.span.set_attribute("interlock.ledger.error", str(exc))
+    if record and call.policy.side_effect:
+        entry_id = call.ctx.app[REJECTIONS].record(call.claim_request(), refusal)
+        if entry_id is not None:
+            span.set_attribute("interlock.ledger.entry_id", entry_id)
     answer = answers.refused(
         refusal.reason,
         refusal.scope,
@@ -262,7 +254,7 @@ async def _admit_and_run(call: ToolCall, send_upstream: SendUpstream, notify: No
         if slot is None:
             slot = await _admit(call, admission, on_wait)
     except AdmissionRefused as refused:
-        return await _refused(call, refused, record=True)
+        return _refused(call, refused, record=True)
     plan = _plan(call, send_upstream, slot, admission, on_wait)
     try:
         if on_wait is not None and on_wait.sent:  # it was told it waits: now it runs
@@ -271,7 +263,7 @@ async def _admit_and_run(call: ToolCall, send_upstream: SendUpstream, notify: No
             return await run_side_effect(call, plan)
         return await forward_with_retries(plan)
     except AdmissionRefused as refused:  # a retry could not be admitted again
-        return await _refused(call, refused, record=False)
+        return _refused(call, refused, record=False)
     except (UpstreamNotReached, UpstreamPressure) as exc:
         return _upstream_answer(call, exc)
     except UpstreamAnswerTooLarge as exc:  # read-only: it ran, its answer cannot be held
