@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
+import tenacity
 from aiohttp import web
 from opentelemetry.trace import Span, SpanKind
 
@@ -25,6 +26,7 @@ from proxy.errors import (
     UpstreamNotReached,
     UpstreamPressure,
 )
+from proxy.runtime.retries import run_attempts
 from proxy.runtime.scheduler import Slot
 from proxy.runtime.upstream_pressure import describe_failure, start_cooldown
 from proxy.state import RETRY_BUDGETS, SCHEDULER
@@ -108,20 +110,22 @@ async def forward_with_retries(plan: ForwardPlan) -> JsonObject:
         UpstreamError: the last attempt's failure when no (further) retry is allowed.
         AdmissionRefused: a retry could not get an admission slot again (e.g. cooldown too long).
     """
-    loop = retrying(
-        plan.upstream.retry,
-        side_effect=plan.side_effect,
-        deadline=plan.deadline,
-        clock=time.monotonic,
-        describe=describe_failure,
-        budget=plan.app[RETRY_BUDGETS].for_upstream(plan.upstream.name),
-        max_attempts=plan.max_attempts,
-        not_executed=not_executed_statuses(plan.upstream),
-    )
+    budget = plan.app[RETRY_BUDGETS].for_upstream(plan.upstream.name)
+
+    def loop() -> tenacity.AsyncRetrying:
+        return retrying(
+            plan.upstream.retry,
+            side_effect=plan.side_effect,
+            deadline=plan.deadline,
+            clock=time.monotonic,
+            describe=describe_failure,
+            budget=budget,
+            max_attempts=plan.max_attempts,
+            not_executed=not_executed_statuses(plan.upstream),
+            counted=True,
+        )
+
     try:
-        async for attempt in loop:
-            with attempt:
-                response = await _attempt(plan)
+        return await run_attempts(lambda: _attempt(plan), budget, loop)
     finally:
         plan.span.set_attribute("interlock.attempt", plan.attempts)
-    return response
