@@ -63,6 +63,17 @@ class ForwardPlan:
     attempts: int = 0
 
 
+def _attempt_attributes(plan: ForwardPlan) -> dict[str, Any]:
+    url = urlsplit(plan.upstream.url or "")
+    return {
+        "interlock.attempt": plan.attempts,
+        "interlock.upstream": plan.upstream.name,
+        "server.address": url.hostname,
+        "server.port": url.port,
+        "network.transport": "pipe" if plan.upstream.kind == "mcp_stdio" else "tcp",
+    }
+
+
 async def _attempt(plan: ForwardPlan) -> JsonObject:
     plan.attempts += 1
     if plan.attempts > 1:
@@ -79,14 +90,7 @@ async def _attempt(plan: ForwardPlan) -> JsonObject:
     if remaining <= 0:
         raise UpstreamNotReached("the call's deadline passed before the attempt")
     timeout = min(plan.timeout_s, remaining)
-    url = urlsplit(plan.upstream.url or "")
-    attributes = {
-        "interlock.attempt": plan.attempts,
-        "interlock.upstream": plan.upstream.name,
-        "server.address": url.hostname,
-        "server.port": url.port,
-        "network.transport": "pipe" if plan.upstream.kind == "mcp_stdio" else "tcp",
-    }
+    attributes = _attempt_attributes(plan) if tracing.current_span().is_recording() else None
     with tracing.child_span(
         "interlock.upstream.attempt", attributes=attributes, kind=SpanKind.CLIENT
     ) as span:
