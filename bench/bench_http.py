@@ -8,8 +8,10 @@ Three routes to the same fake provider (`tests/integration/fake_provider.py`, it
   disabled so this table shows the proxy's own work — `bench_telemetry` prices the spans).
 
 Bodies: a JSON chat completion, and a streamed one (SSE, 20 content chunks and a usage chunk).
-Concurrency 1, 16 and 64. CPU is the user+system time of the middle process (psutil), divided by
-the requests it served; the load generator and the provider are not counted. All traffic stays
+Concurrency 1 and 32. CPU is the middle process's CPU time (all threads, /proc schedstat), divided
+by the requests it served; the load generator and the provider are not counted. The provider
+counts the TCP connections opened to it (`bench.common.count_connections`): fresh connections per
+1,000 requests show whether the middle process reuses keep-alive connections. All traffic stays
 on 127.0.0.1. Each cell runs for a fixed time; req/s depends on the machine (2 shared cores here:
 the load generator, the provider and the middle process compete), CPU/request much less so.
 """
@@ -32,11 +34,11 @@ import aiohttp
 import psutil
 from aiohttp import web
 
-from bench.common import Table, bench_process
+from bench.common import Table, bench_process, connections_seen, count_connections, cpu_s
 
 __all__ = ["run"]
 
-_CONCURRENCY = (1, 16, 64)
+_CONCURRENCY = (1, 32)
 _STREAM_CHUNKS = 20
 _CHAT = {"model": "bench", "messages": [{"role": "user", "content": "hello"}]}
 _STREAM = {**_CHAT, "stream": True, "stream_options": {"include_usage": True}}
@@ -52,6 +54,11 @@ class Cell:
     errors: int
     seconds: float
     cpu_s: float | None
+    fresh: int = 0
+
+    @property
+    def fresh_per_1k(self) -> float:
+        return self.fresh * 1000 / max(self.requests, 1)
 
     @property
     def rate(self) -> float:
@@ -95,7 +102,12 @@ def _proxy_config(folder: Path, port: int, provider: str) -> Path:
 
 
 async def _drive(
-    url: str, body: bytes, concurrency: int, seconds: float, proc: psutil.Process | None
+    url: str,
+    body: bytes,
+    concurrency: int,
+    seconds: float,
+    proc: psutil.Process | None,
+    provider: str,
 ) -> Cell:
     """`concurrency` clients sending `body` back to back for `seconds`."""
     done = errors = 0
@@ -113,21 +125,23 @@ async def _drive(
 
         await asyncio.gather(*(client(time.monotonic() + 0.2) for _ in range(concurrency)))
         done = errors = 0  # the warm-up above opened the connections
-        before = proc.cpu_times() if proc else None
+        opened = await connections_seen(provider)
+        before = cpu_s(proc) if proc else None
         started = time.monotonic()
         await asyncio.gather(*(client(started + seconds) for _ in range(concurrency)))
         elapsed = time.monotonic() - started
-        after = proc.cpu_times() if proc else None
+        after = cpu_s(proc) if proc else None
+        fresh = await connections_seen(provider) - opened
     cpu = None
     if before is not None and after is not None:
-        cpu = (after.user - before.user) + (after.system - before.system)
-    return Cell(requests=done, errors=errors, seconds=elapsed, cpu_s=cpu)
+        cpu = after - before
+    return Cell(requests=done, errors=errors, seconds=elapsed, cpu_s=cpu, fresh=fresh)
 
 
 async def _run(quick: bool) -> list[Table]:
     seconds = 0.4 if quick else 0.8
     rounds = 1 if quick else 2
-    concurrency = (1, 16) if quick else _CONCURRENCY
+    concurrency = _CONCURRENCY
     bodies = {"json": json.dumps(_CHAT).encode(), "stream": json.dumps(_STREAM).encode()}
     provider_port, bare_port, proxy_port = _free_port(), _free_port(), _free_port()
     provider_url = f"http://127.0.0.1:{provider_port}"
@@ -158,7 +172,7 @@ async def _run(quick: bool) -> list[Table]:
                 for kind, body in bodies.items():
                     for n in concurrency:
                         for route, url in routes.items():
-                            got = await _drive(url, body, n, seconds, middle[route])
+                            got = await _drive(url, body, n, seconds, middle[route], provider_url)
                             best = cells.get((kind, route, n))
                             if best is None or _better(got, best):
                                 cells[(kind, route, n)] = got
@@ -188,24 +202,55 @@ def _table(
                 if cell.cpu_ms is not None and bare_ms:
                     ratio = f"{cell.cpu_ms / bare_ms:.2f}×"
                 cpu = "—" if cell.cpu_ms is None else f"{cell.cpu_ms:.3f}"
-                rows.append([kind, str(n), route, f"{cell.rate:.0f}", cpu, ratio, str(cell.errors)])
+                fresh = f"{cell.fresh_per_1k:.0f}"
+                rows.append(
+                    [kind, str(n), route, f"{cell.rate:.0f}", cpu, ratio, fresh, str(cell.errors)]
+                )
             mine = cells[(kind, "interlock", n)].cpu_ms
             if mine is not None and bare_ms:
                 ratio = mine / bare_ms
                 verdict = "meets" if ratio <= _GOALS[kind] else "misses"
                 verdicts.append(f"{kind}@{n}: {ratio:.2f}× ({verdict} ≤{_GOALS[kind]}×)")
+        verdicts.extend(_growth(cells, kind, concurrency))
     note = (
         f"Each cell: {seconds:g} s after a 0.2 s warm-up, best of {rounds} interleaved round(s). "
         "CPU ms/req is the middle process's "
-        "user+system time per request (none for direct). Goal: Interlock ≤ 1.5× bare for JSON, "
-        "≤ 1.3× for streaming. " + "; ".join(verdicts)
+        "CPU time per request (none for direct). fresh conns/1k = TCP connections the provider saw "
+        "opened per 1,000 requests (direct: the load generator's own). Goal: Interlock ≤ 1.5× bare "
+        "for JSON, ≤ 1.3× for streaming, the c=32 ratio no worse than c=1. " + "; ".join(verdicts)
     )
     return Table(
         title="HTTP proxy: req/s and CPU per request (fake model provider on 127.0.0.1)",
-        columns=["body", "concurrency", "route", "req/s", "CPU ms/req", "vs bare", "errors"],
+        columns=[
+            "body",
+            "concurrency",
+            "route",
+            "req/s",
+            "CPU ms/req",
+            "vs bare",
+            "fresh conns/1k",
+            "errors",
+        ],
         rows=rows,
         note=note,
     )
+
+
+def _growth(
+    cells: dict[tuple[str, str, int], Cell], kind: str, concurrency: tuple[int, ...]
+) -> list[str]:
+    """The ratio at the top concurrency over the ratio at 1 (per-call work growing with load)."""
+    ratios: list[float] = []
+    for n in (concurrency[0], concurrency[-1]):
+        mine, bare = cells[(kind, "interlock", n)].cpu_ms, cells[(kind, "bare", n)].cpu_ms
+        if mine is None or not bare:
+            return []
+        ratios.append(mine / bare)
+    growth = ratios[1] / ratios[0]
+    verdict = "meets" if growth <= 1.1 else "misses"
+    return [
+        f"{kind} c={concurrency[-1]}/c={concurrency[0]}: {growth:.2f} ({verdict} ≤1, ±10% noise)"
+    ]
 
 
 def run(quick: bool = False) -> list[Table]:
@@ -220,7 +265,9 @@ def _serve_provider(port: int) -> None:
     from tests.integration.fake_provider import FakeProvider, make_app
 
     provider = FakeProvider(stream_chunks=_STREAM_CHUNKS, keep_received=False)
-    web.run_app(make_app(provider), host="127.0.0.1", port=port, access_log=None, print=None)
+    app = make_app(provider)
+    count_connections(app)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
 def _bare_app(target: str) -> web.Application:

@@ -31,7 +31,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,8 @@ from typing import Any
 import psutil
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
-from bench.common import Table, bench_process
+from bench.common import Table, bench_process, connections_seen, cpu_s
+from bench.mcp_upstream import counted_upstream
 
 __all__ = ["run"]
 
@@ -61,6 +62,11 @@ class Result:
     wall_s: float
     cpu_s: float | None
     latencies_s: list[float]
+    fresh: int  # TCP connections the upstream saw opened during the calls
+
+    @property
+    def fresh_per_1k(self) -> float:
+        return self.fresh * 1000 / max(1, self.calls)
 
     @property
     def per_s(self) -> float:
@@ -79,14 +85,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def _upstream() -> Iterator[str]:
-    from tests.integration.mcp_servers import running_upstream
-
-    with running_upstream() as upstream:
-        yield upstream.url
 
 
 _process = bench_process
@@ -185,7 +183,7 @@ async def _list_tools(url: str) -> None:
 
 
 async def _drive(
-    url: str, kind: str, calls: int, concurrency: int, proc: psutil.Process | None
+    url: str, kind: str, calls: int, concurrency: int, proc: psutil.Process | None, counter: str
 ) -> Result:
     latencies: list[float] = []
     errors = 0
@@ -207,42 +205,34 @@ async def _drive(
     connector = TCPConnector(limit=concurrency)
     timeout = ClientTimeout(total=_CALL_TIMEOUT_S)
     async with ClientSession(connector=connector, timeout=timeout) as session:
-        before = _cpu_s(proc) if proc is not None else None
+        opened = await connections_seen(counter)
+        before = cpu_s(proc) if proc is not None else None
         started = time.perf_counter()
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
         wall = time.perf_counter() - started
-        after = _cpu_s(proc) if proc is not None else None
+        after = cpu_s(proc) if proc is not None else None
+        fresh = await connections_seen(counter) - opened
     cpu = after - before if before is not None and after is not None else None
-    return Result(calls, errors, wall, cpu, latencies)
-
-
-def _cpu_s(proc: psutil.Process) -> float:
-    """CPU seconds used by all threads of `proc`: nanosecond schedstat on Linux, else psutil.
-
-    psutil's user+system times tick at 10 ms, too coarse for a few hundred calls.
-    """
-    total_ns = 0
-    try:
-        for task in Path(f"/proc/{proc.pid}/task").iterdir():
-            with contextlib.suppress(OSError):
-                total_ns += int((task / "schedstat").read_text().split()[0])
-    except OSError:
-        times = proc.cpu_times()
-        return float(times.user + times.system)
-    return total_ns / 1e9
+    return Result(calls, errors, wall, cpu, latencies, fresh)
 
 
 Cell = tuple[str, str, int]  # (target, kind, concurrency)
 
 
 async def _measure_target(
-    target: str, url: str, proc: psutil.Process | None, calls: int, results: dict[Cell, Result]
+    target: str,
+    url: str,
+    proc: psutil.Process | None,
+    calls: int,
+    results: dict[Cell, Result],
+    counter: str,
 ) -> None:
     await _list_tools(url)
     for kind in ("read-only", "side-effecting"):
         for concurrency in (1, 32):
-            await _drive(url, kind, max(10, calls // 5), concurrency, proc)  # warm-up
-            got = await _drive(url, kind, calls, concurrency, proc)
+            # The warm-up opens the connections a steady state keeps (two calls per worker).
+            await _drive(url, kind, max(2 * concurrency, calls // 5), concurrency, proc, counter)
+            got = await _drive(url, kind, calls, concurrency, proc, counter)
             cell = (target, kind, concurrency)
             best = results.get(cell)
             if best is None or (got.cpu_s or 0.0) < (best.cpu_s or 0.0) or best.cpu_s is None:
@@ -250,21 +240,21 @@ async def _measure_target(
 
 
 async def _run(quick: bool) -> list[Table]:
-    calls = 50 if quick else 150
+    calls = 100 if quick else 300
     rounds = 1 if quick else 2
     results: dict[Cell, Result] = {}
-    with _upstream() as upstream:
+    async with counted_upstream() as (upstream, counter):
         # Rounds interleave the targets; the least disturbed (lowest CPU) run of each cell counts,
         # since the machine may be busy with other work.
         for _ in range(rounds):
-            await _measure_target("direct", upstream, None, calls, results)
+            await _measure_target("direct", upstream, None, calls, results, counter)
             async with _bare(upstream) as (url, proc):
-                await _measure_target("bare", url, proc, calls, results)
+                await _measure_target("bare", url, proc, calls, results, counter)
             async with _interlock(upstream) as (url, proc):
-                await _measure_target("interlock", url, proc, calls, results)
+                await _measure_target("interlock", url, proc, calls, results, counter)
             if not quick:
                 async with _interlock(upstream, transport_only=True) as (url, proc):
-                    await _measure_target("transport", url, proc, calls, results)
+                    await _measure_target("transport", url, proc, calls, results, counter)
     return [_table(results, calls, rounds)]
 
 
@@ -291,6 +281,7 @@ def _table(results: dict[Cell, Result], calls: int, rounds: int) -> Table:
                         ratio,
                         f"{statistics.median(r.latencies_s) * 1000:.2f}",
                         f"{r.percentile(0.99) * 1000:.2f}",
+                        f"{r.fresh_per_1k:.0f}",
                     ]
                 )
     note = (
@@ -299,7 +290,9 @@ def _table(results: dict[Cell, Result], calls: int, rounds: int) -> Table:
         "no proxy). read-only = search_docs (readOnlyHint: admission only); side-effecting = "
         "send_email with fresh arguments (ledger write-ahead + outcome, SQLite durability full). "
         "transport = interlock with the tools/call pipeline bypassed (the transport's own cost). "
-        "Goal: interlock ≤ 1.3× bare CPU/call read-only, ≤ 2.5× side-effecting."
+        "fresh conns/1k = TCP connections the upstream saw opened per 1,000 calls (direct: the "
+        "load generator's own). Goal: interlock ≤ 1.3× bare CPU/call read-only at c=1 and c=32, "
+        "the c=32 ratio no worse than c=1; ≤ 2.5× side-effecting. " + _verdicts(results)
     )
     return Table(
         title="MCP tools/call: Interlock vs bare pass-through vs direct",
@@ -314,10 +307,32 @@ def _table(results: dict[Cell, Result], calls: int, rounds: int) -> Table:
             "vs bare",
             "p50 ms",
             "p99 ms",
+            "fresh conns/1k",
         ],
         rows=rows,
         note=note,
     )
+
+
+def _ratio(results: dict[Cell, Result], kind: str, concurrency: int) -> float | None:
+    bare = results[("bare", kind, concurrency)].cpu_per_call_us
+    mine = results[("interlock", kind, concurrency)].cpu_per_call_us
+    return mine / bare if mine is not None and bare else None
+
+
+def _verdicts(results: dict[Cell, Result]) -> str:
+    said: list[str] = []
+    for kind, goal in (("read-only", 1.3), ("side-effecting", 2.5)):
+        ratios = {n: _ratio(results, kind, n) for n in (1, 32)}
+        for n, ratio in ratios.items():
+            if ratio is not None:
+                verdict = "meets" if ratio <= goal else "misses"
+                said.append(f"{kind}@{n}: {ratio:.2f}× ({verdict} ≤{goal}×)")
+        low, high = ratios[1], ratios[32]
+        if low is not None and high is not None:
+            verdict = "meets" if high <= low * 1.1 else "misses"
+            said.append(f"{kind} c=32/c=1: {high / low:.2f} ({verdict} ≤1, ±10% noise)")
+    return "; ".join(said)
 
 
 def run(quick: bool = False) -> list[Table]:

@@ -11,11 +11,22 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import psutil
+from aiohttp import web
 
-__all__ = ["ROOT", "Table", "bench_process"]
+__all__ = [
+    "CONNECTIONS_PATH",
+    "ROOT",
+    "Table",
+    "bench_process",
+    "connections_seen",
+    "count_connections",
+    "cpu_s",
+    "rss_mb",
+]
 
 
 @dataclass
@@ -66,3 +77,60 @@ async def _wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
                         return
             await asyncio.sleep(0.1)  # polling a starting process, bounded by the deadline
     raise RuntimeError(f"{url} did not become ready within {_START_TIMEOUT_S} s")
+
+
+def cpu_s(proc: psutil.Process) -> float:
+    """CPU seconds used by all threads of `proc`: nanosecond schedstat on Linux, else psutil.
+
+    psutil's user+system times tick at 10 ms, too coarse for a few hundred calls.
+    """
+    total_ns = 0
+    try:
+        for task in Path(f"/proc/{proc.pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                total_ns += int((task / "schedstat").read_text().split()[0])
+    except OSError:
+        times = proc.cpu_times()
+        return float(times.user + times.system)
+    return total_ns / 1e9
+
+
+def rss_mb(proc: psutil.Process) -> float:
+    """Resident memory of `proc` in MB (10^6 bytes)."""
+    return float(proc.memory_info().rss) / 1e6
+
+
+CONNECTIONS_PATH = "/bench/connections"
+
+
+def count_connections(app: web.Application) -> None:
+    """Make an upstream's aiohttp `app` count the client connections that sent it requests.
+
+    `GET /bench/connections` answers `{"connections": n}`: distinct client (address, port) pairs
+    seen so far. A benchmark reads it before and after a cell; the difference is how many fresh
+    TCP connections the target opened to this upstream (keep-alive reuse shows as few).
+    """
+    peers: set[object] = set()
+
+    @web.middleware
+    async def note(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path != CONNECTIONS_PATH and request.transport is not None:
+            peers.add(request.transport.get_extra_info("peername"))
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    async def answer(_request: web.Request) -> web.Response:
+        return web.json_response({"connections": len(peers)})
+
+    app.middlewares.append(note)
+    app.router.add_get(CONNECTIONS_PATH, answer)
+
+
+async def connections_seen(base_url: str) -> int:
+    """The upstream's count of distinct client connections so far (see `count_connections`)."""
+    timeout = aiohttp.ClientTimeout(total=5)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.get(base_url + CONNECTIONS_PATH) as answer,
+    ):
+        return int((await answer.json())["connections"])

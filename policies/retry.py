@@ -194,6 +194,7 @@ def retrying(
     wall_clock: Callable[[], float] = time.time,
     random_unit: Callable[[], float] = random.random,
     before_sleep: Callable[[tenacity.RetryCallState], None] | None = None,
+    counted: bool = False,
 ) -> tenacity.AsyncRetrying:
     """A tenacity retry loop for one proxied call.
 
@@ -203,7 +204,8 @@ def retrying(
     predicate: anything else, cancellation included, propagates at once). It stops after
     `max_attempts` (default `settings.max_attempts`), when the next delay would end at or past
     `deadline` (on `clock`), or when `budget` has no retry left; the last exception is re-raised.
-    `sleep` defaults to tenacity's asyncio sleep; tests pass their own.
+    `sleep` defaults to tenacity's asyncio sleep; tests pass their own. `counted`: the caller
+    already counted this request in `budget` (its first attempt ran before the loop was built).
     """
     limit = max_attempts if max_attempts is not None else settings.max_attempts
 
@@ -233,7 +235,7 @@ def retrying(
         return budget is not None and not budget.try_spend()
 
     def count_request(state: tenacity.RetryCallState) -> None:
-        if budget is not None and state.attempt_number == 1:
+        if budget is not None and state.attempt_number == 1 and not counted:
             budget.record_request()
 
     options: dict[str, object] = {}

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import aiohttp
+import tenacity
 from opentelemetry.trace import SpanKind
 
 from policies.admission import Refusal
@@ -28,6 +29,7 @@ from proxy.http.headers import request_headers, response_headers
 from proxy.http.outcomes import KeptBody
 from proxy.http.upstream import HTTP_SESSIONS, Opened, is_sse, open_upstream, read_chunk
 from proxy.http.usage import StreamUsage, usage_from_json
+from proxy.runtime.retries import run_attempts
 from proxy.runtime.scheduler import AdmissionRefused, Slot
 from proxy.runtime.upstream_pressure import describe_failure, retry_cap, start_cooldown
 from proxy.state import CONFIG, RETRY_BUDGETS, SCHEDULER
@@ -103,24 +105,26 @@ async def forward(call: HttpCall) -> Opened:
         UpstreamError: the last attempt's failure when no (further) retry is allowed.
         AdmissionRefused: a retry could not be admitted again (e.g. the cooldown is too long).
     """
-    attempts = retry_cap(call.policy)
-    loop = retrying(
-        call.upstream.retry,
-        side_effect=call.policy.side_effect,
-        deadline=call.deadline,
-        clock=time.monotonic,
-        describe=describe_failure,
-        budget=call.app[RETRY_BUDGETS].for_upstream(call.upstream.name),
-        max_attempts=attempts if call.retryable_body else 1,
-        not_executed=not_executed_statuses(call.upstream),
-    )
+    budget = call.app[RETRY_BUDGETS].for_upstream(call.upstream.name)
+
+    def loop() -> tenacity.AsyncRetrying:
+        attempts = retry_cap(call.policy)
+        return retrying(
+            call.upstream.retry,
+            side_effect=call.policy.side_effect,
+            deadline=call.deadline,
+            clock=time.monotonic,
+            describe=describe_failure,
+            budget=budget,
+            max_attempts=attempts if call.retryable_body else 1,
+            not_executed=not_executed_statuses(call.upstream),
+            counted=True,
+        )
+
     try:
-        async for attempt in loop:
-            with attempt:
-                opened = await _attempt(call)
+        return await run_attempts(lambda: _attempt(call), budget, loop)
     finally:
         call.span.set_attribute("interlock.attempt", call.attempts)
-    return opened
 
 
 async def _attempt(call: HttpCall) -> Opened:

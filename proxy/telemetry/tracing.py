@@ -15,9 +15,10 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
+from multidict import CIMultiDict, CIMultiDictProxy
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
-from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer, TracerProvider
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, StatusCode, Tracer, TracerProvider
 
 __all__ = [
     "Attr",
@@ -35,11 +36,13 @@ __all__ = [
     "mcp_span_name",
     "set_attributes",
     "trace_carrier",
+    "tracing_on",
 ]
 
 _SCOPE = "interlock"
 _TRACE_META_KEYS = ("traceparent", "tracestate", "baggage")
 _tracer: Tracer = trace.get_tracer(_SCOPE)
+_on = True  # until a provider is bound: the global one may become a real SDK provider
 
 
 class Attr:
@@ -83,8 +86,19 @@ def bind_tracer_provider(provider: TracerProvider | None) -> None:
 
     Called by `proxy.telemetry.sdk`; nothing else needs it.
     """
-    global _tracer
-    _tracer = (provider or trace.get_tracer_provider()).get_tracer(_SCOPE)
+    global _tracer, _on
+    resolved = provider or trace.get_tracer_provider()
+    _tracer = resolved.get_tracer(_SCOPE)
+    _on = not isinstance(resolved, trace.NoOpTracerProvider)
+
+
+def tracing_on() -> bool:
+    """False when no span can ever be recorded (no exporter: a no-op provider is bound).
+
+    Call sites skip building span attributes then; the caller's trace context still passes
+    through to upstreams (`call_span` continues it with a non-recording span).
+    """
+    return _on
 
 
 def mcp_span_name(method: str, target: str | None = None) -> str:
@@ -104,9 +118,11 @@ def _incoming_context(
     if meta:
         carrier.update({k: meta[k] for k in _TRACE_META_KEYS if isinstance(meta.get(k), str)})
     if headers and "traceparent" not in carrier:
-        # aiohttp's CIMultiDictProxy is case-insensitive; a plain dict may not be
-        lowered = {k.lower(): v for k, v in headers.items() if k.lower() in _TRACE_META_KEYS}
-        carrier.update(lowered)
+        if isinstance(headers, CIMultiDictProxy | CIMultiDict):  # case-insensitive look-ups
+            carrier.update({k: headers[k] for k in _TRACE_META_KEYS if k in headers})
+        else:  # a plain dict may have any case
+            lowered = {k.lower(): v for k, v in headers.items() if k.lower() in _TRACE_META_KEYS}
+            carrier.update(lowered)
     if "traceparent" not in carrier:
         return None
     ctx = propagate.extract(carrier)
@@ -124,8 +140,12 @@ def call_span(
     """The SERVER span of one proxied request, continuing the caller's trace if it sent one.
 
     An exception leaving the block sets `error.type` (its class name) and an error status.
+    With tracing off and no caller's trace to continue, no span is started at all.
     """
     parent = _incoming_context(headers, meta)
+    if parent is None and not _on:
+        yield INVALID_SPAN
+        return
     with (
         _tracer.start_as_current_span(
             name,
@@ -235,13 +255,22 @@ def mark_error(span: Span, error_type: str, description: str | None = None) -> N
         span.set_status(StatusCode.ERROR, description)
 
 
+def _no_trace() -> bool:
+    """True when there is no trace context to pass on (nothing continued, nothing recorded)."""
+    return not trace.get_current_span().get_span_context().is_valid
+
+
 def inject_headers(headers: MutableMapping[str, str]) -> None:
     """Write the current trace context as W3C headers (for an upstream request)."""
+    if _no_trace():
+        return
     propagate.inject(headers)
 
 
 def inject_meta(meta: MutableMapping[str, Any]) -> None:
     """Write the current trace context into an MCP `params._meta` object."""
+    if _no_trace():
+        return
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     for key in _TRACE_META_KEYS:

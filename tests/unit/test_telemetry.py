@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from multidict import CIMultiDict, CIMultiDictProxy
 from opentelemetry.trace import NoOpTracerProvider
 
 from proxy.telemetry import tracing
@@ -67,3 +68,35 @@ def test_meta_traceparent_wins_over_the_header() -> None:
             assert tracing.current_trace_id() is None
     finally:
         tracing.bind_tracer_provider(None)
+
+
+def test_aiohttp_headers_carry_the_trace_through_when_tracing_is_off() -> None:
+    """Case-insensitive request headers (aiohttp's) are read directly, in any case of the name."""
+    tracing.bind_tracer_provider(NoOpTracerProvider())
+    try:
+        headers = CIMultiDictProxy(CIMultiDict({"TraceParent": TRACEPARENT}))
+        with tracing.call_span("tools/call echo", headers=headers):
+            outgoing: dict[str, str] = {}
+            tracing.inject_headers(outgoing)
+    finally:
+        tracing.bind_tracer_provider(None)
+    assert outgoing["traceparent"] == TRACEPARENT
+
+
+def test_tracing_off_and_no_caller_trace_starts_no_span() -> None:
+    """With a no-op provider and no incoming context, no span is made and nothing is injected."""
+    tracing.bind_tracer_provider(NoOpTracerProvider())
+    try:
+        assert not tracing.tracing_on()
+        with tracing.call_span("tools/call echo", headers={}, meta={}) as span:
+            assert not span.is_recording()
+            assert not span.get_span_context().is_valid
+            outgoing: dict[str, str] = {}
+            meta: dict[str, object] = {}
+            tracing.inject_headers(outgoing)
+            tracing.inject_meta(meta)
+    finally:
+        tracing.bind_tracer_provider(None)
+    assert outgoing == {}
+    assert meta == {}
+    assert tracing.tracing_on()  # the global provider may become a real one: assume it records

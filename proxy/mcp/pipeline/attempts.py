@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
+import tenacity
 from aiohttp import web
 from opentelemetry.trace import Span, SpanKind
 
@@ -25,6 +26,7 @@ from proxy.errors import (
     UpstreamNotReached,
     UpstreamPressure,
 )
+from proxy.runtime.retries import run_attempts
 from proxy.runtime.scheduler import Slot
 from proxy.runtime.upstream_pressure import describe_failure, start_cooldown
 from proxy.state import RETRY_BUDGETS, SCHEDULER
@@ -61,6 +63,17 @@ class ForwardPlan:
     attempts: int = 0
 
 
+def _attempt_attributes(plan: ForwardPlan) -> dict[str, Any]:
+    url = urlsplit(plan.upstream.url or "")
+    return {
+        "interlock.attempt": plan.attempts,
+        "interlock.upstream": plan.upstream.name,
+        "server.address": url.hostname,
+        "server.port": url.port,
+        "network.transport": "pipe" if plan.upstream.kind == "mcp_stdio" else "tcp",
+    }
+
+
 async def _attempt(plan: ForwardPlan) -> JsonObject:
     plan.attempts += 1
     if plan.attempts > 1:
@@ -77,14 +90,7 @@ async def _attempt(plan: ForwardPlan) -> JsonObject:
     if remaining <= 0:
         raise UpstreamNotReached("the call's deadline passed before the attempt")
     timeout = min(plan.timeout_s, remaining)
-    url = urlsplit(plan.upstream.url or "")
-    attributes = {
-        "interlock.attempt": plan.attempts,
-        "interlock.upstream": plan.upstream.name,
-        "server.address": url.hostname,
-        "server.port": url.port,
-        "network.transport": "pipe" if plan.upstream.kind == "mcp_stdio" else "tcp",
-    }
+    attributes = _attempt_attributes(plan) if tracing.current_span().is_recording() else None
     with tracing.child_span(
         "interlock.upstream.attempt", attributes=attributes, kind=SpanKind.CLIENT
     ) as span:
@@ -108,20 +114,22 @@ async def forward_with_retries(plan: ForwardPlan) -> JsonObject:
         UpstreamError: the last attempt's failure when no (further) retry is allowed.
         AdmissionRefused: a retry could not get an admission slot again (e.g. cooldown too long).
     """
-    loop = retrying(
-        plan.upstream.retry,
-        side_effect=plan.side_effect,
-        deadline=plan.deadline,
-        clock=time.monotonic,
-        describe=describe_failure,
-        budget=plan.app[RETRY_BUDGETS].for_upstream(plan.upstream.name),
-        max_attempts=plan.max_attempts,
-        not_executed=not_executed_statuses(plan.upstream),
-    )
+    budget = plan.app[RETRY_BUDGETS].for_upstream(plan.upstream.name)
+
+    def loop() -> tenacity.AsyncRetrying:
+        return retrying(
+            plan.upstream.retry,
+            side_effect=plan.side_effect,
+            deadline=plan.deadline,
+            clock=time.monotonic,
+            describe=describe_failure,
+            budget=budget,
+            max_attempts=plan.max_attempts,
+            not_executed=not_executed_statuses(plan.upstream),
+            counted=True,
+        )
+
     try:
-        async for attempt in loop:
-            with attempt:
-                response = await _attempt(plan)
+        return await run_attempts(lambda: _attempt(plan), budget, loop)
     finally:
         plan.span.set_attribute("interlock.attempt", plan.attempts)
-    return response

@@ -97,22 +97,26 @@ async def handle_tools_call(
             reason = f"arguments have no canonical form: {exc}"
             return _invalid_params(request, "invalid_arguments", reason)
     started = time.monotonic()
-    span_attrs = {
-        "mcp.method.name": "tools/call",
-        "gen_ai.operation.name": "execute_tool",
-        "gen_ai.tool.name": tool,
-        "jsonrpc.request.id": str(request.get("id")),
-        "mcp.session.id": tracing.hash_key(ctx.session_id),
-        "mcp.protocol.version": ctx.protocol_version,
-        "interlock.upstream": ctx.upstream.name,
-        "interlock.tenant": attrs.tenant,
-        "interlock.class": policy.work_class or attrs.work_class,
-        "interlock.side_effect": policy.side_effect,
-        "interlock.idempotency.key_hash": tracing.hash_key(
-            key.key if key else attrs.idempotency_key
-        ),
-        "interlock.idempotency.key_source": key.source if key else None,
-    }
+    span_attrs: dict[str, Any] = (
+        {}
+        if not tracing.tracing_on()
+        else {
+            "mcp.method.name": "tools/call",
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": tool,
+            "jsonrpc.request.id": str(request.get("id")),
+            "mcp.session.id": tracing.hash_key(ctx.session_id),
+            "mcp.protocol.version": ctx.protocol_version,
+            "interlock.upstream": ctx.upstream.name,
+            "interlock.tenant": attrs.tenant,
+            "interlock.class": policy.work_class or attrs.work_class,
+            "interlock.side_effect": policy.side_effect,
+            "interlock.idempotency.key_hash": tracing.hash_key(
+                key.key if key else attrs.idempotency_key
+            ),
+            "interlock.idempotency.key_source": key.source if key else None,
+        }
+    )
     with _server_span(tool, span_attrs, ctx, meta) as span:
         deadline = started + attrs.deadline_s
         call = ToolCall(ctx, request, tool, arguments, meta, attrs, policy, key, deadline, span)

@@ -13,7 +13,14 @@ from urllib.parse import urlsplit
 from policies.model import UpstreamSpec
 from proxy.mcp.wire.jsonrpc import Message
 from proxy.telemetry import metrics
-from proxy.telemetry.tracing import Attr, call_span, hash_key, mark_error, mcp_span_name
+from proxy.telemetry.tracing import (
+    Attr,
+    call_span,
+    hash_key,
+    mark_error,
+    mcp_span_name,
+    tracing_on,
+)
 
 __all__ = ["CallOutcome", "traced"]
 
@@ -39,19 +46,14 @@ def _address(url: str) -> tuple[str | None, int | None]:
     return parts.hostname, parts.port
 
 
-@contextmanager
-def traced(
+def _attributes(
     message: Message,
     spec: UpstreamSpec,
-    headers: Mapping[str, str],
-    *,
+    method: str,
+    target: str,
     session_id: str | None,
     protocol_version: str | None,
-) -> Iterator[CallOutcome]:
-    """The SERVER span and duration metric of one proxied request or notification."""
-    method = message.method or "response"
-    tool = message.params.get("name") if method == "tools/call" else None
-    target = tool if isinstance(tool, str) else spec.name
+) -> dict[str, Any]:
     attributes: dict[str, Any] = {
         Attr.MCP_METHOD: method,
         Attr.MCP_SESSION_ID: hash_key(session_id),  # a stdio session id is its bearer
@@ -65,6 +67,27 @@ def traced(
     if method == "tools/call":
         attributes[Attr.GEN_AI_OPERATION] = "execute_tool"
         attributes[Attr.GEN_AI_TOOL] = target
+    return attributes
+
+
+@contextmanager
+def traced(
+    message: Message,
+    spec: UpstreamSpec,
+    headers: Mapping[str, str],
+    *,
+    session_id: str | None,
+    protocol_version: str | None,
+) -> Iterator[CallOutcome]:
+    """The SERVER span and duration metric of one proxied request or notification."""
+    method = message.method or "response"
+    tool = message.params.get("name") if method == "tools/call" else None
+    target = tool if isinstance(tool, str) else spec.name
+    attributes = (
+        _attributes(message, spec, method, target, session_id, protocol_version)
+        if tracing_on()
+        else None  # no span will record them
+    )
     outcome = CallOutcome()
     started = time.perf_counter()
     with call_span(

@@ -1,0 +1,132 @@
+"""Idle memory of `interlock serve`: resident set size at start and after a run of calls.
+
+Targets, each its own process, measured in the same run:
+
+- floor: a bare aiohttp pass-through (`bench.bench_http`'s): what Python, aiohttp and an empty
+  application hold;
+- interlock: `interlock serve` with a SQLite ledger, one MCP upstream (the test suite's real
+  `MCPServer`) and one model-API upstream (the fake provider), telemetry disabled.
+
+RSS is read once the process answers, then after a run of calls (MCP read-only `tools/call`s and
+chat completions, JSON and streamed, at concurrency 32) and a short idle pause. Goal: Interlock
+≤ 60 MB idle after the run. All traffic stays on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import sys
+import tempfile
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psutil
+
+from bench import bench_http, bench_mcp
+from bench.common import Table, bench_process, rss_mb
+from bench.mcp_upstream import counted_upstream
+
+__all__ = ["run"]
+
+_GOAL_MB = 60.0
+_SETTLE_S = 1.0  # idle pause before each reading: let the loop finish closing what the run left
+_CONCURRENCY = 32
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _config(folder: Path, port: int, mcp: str, provider: str) -> Path:
+    path = folder / "interlock.yaml"
+    text = f"""
+        listen: "127.0.0.1:{port}"
+        ledger: {{url: "sqlite:///ledger.db", durability: normal}}
+        telemetry: {{enabled: false}}
+        limits:
+          global: {{max_running: 256, max_pending: 1024}}
+          tenant: {{max_running: 64, max_pending: 256}}
+        upstreams:
+          up: {{mcp: "{mcp}", timeout_s: 30}}
+          llm: {{http: "{provider}", kind: openai}}
+    """
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@contextlib.asynccontextmanager
+async def _provider() -> AsyncIterator[str]:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "bench.bench_http", "--provider", str(port)]
+    async with bench_process(argv, f"{url}/v1/models"):
+        yield url
+
+
+async def _load(
+    proc: psutil.Process, chat_url: str, mcp_url: str | None, counter: str, calls: int
+) -> None:
+    bodies = (json.dumps(bench_http._CHAT).encode(), json.dumps(bench_http._STREAM).encode())
+    for body in bodies:
+        await bench_http._drive(chat_url, body, _CONCURRENCY, calls / 1000, proc, counter)
+    if mcp_url is not None:
+        await bench_mcp._list_tools(mcp_url)
+        await bench_mcp._drive(mcp_url, "read-only", calls, _CONCURRENCY, proc, counter)
+
+
+async def _measure(
+    proc: psutil.Process, chat_url: str, mcp_url: str | None, counter: str, calls: int
+) -> tuple[float, float]:
+    await asyncio.sleep(_SETTLE_S)
+    start = rss_mb(proc)
+    await _load(proc, chat_url, mcp_url, counter, calls)
+    await asyncio.sleep(_SETTLE_S)
+    return start, rss_mb(proc)
+
+
+async def _run(quick: bool) -> list[Table]:
+    calls = 300 if quick else 1000
+    rows: list[list[str]] = []
+    async with counted_upstream() as (mcp, mcp_base), _provider() as provider:
+        port = _free_port()
+        floor_argv = [sys.executable, "-m", "bench.bench_http", "--bare", str(port), provider]
+        async with bench_process(floor_argv, f"http://127.0.0.1:{port}/v1/models") as floor:
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            start, after = await _measure(floor, url, None, provider, calls)
+            rows.append(["floor (bare aiohttp)", f"{start:.1f}", f"{after:.1f}", "—"])
+        with tempfile.TemporaryDirectory(prefix="interlock-bench-idle-") as tmp:
+            port = _free_port()
+            config = _config(Path(tmp), port, mcp, provider)
+            program = "import sys; from proxy.ops.cli import main; sys.exit(main())"
+            argv = [sys.executable, "-c", program, "serve", "--config", str(config)]
+            async with bench_process(argv, f"http://127.0.0.1:{port}/healthz") as proc:
+                base = f"http://127.0.0.1:{port}"
+                chat, mcp_url = f"{base}/http/llm/v1/chat/completions", f"{base}/mcp/up"
+                start, after = await _measure(proc, chat, mcp_url, mcp_base, calls)
+                verdict = "meets" if after <= _GOAL_MB else "misses"
+                rows.append(["interlock serve", f"{start:.1f}", f"{after:.1f}", verdict])
+    note = (
+        f"RSS in MB (10^6 bytes), read {_SETTLE_S:g} s after start and {_SETTLE_S:g} s after a run "
+        f"of {calls} calls per kind at concurrency {_CONCURRENCY} (chat JSON, chat SSE; and MCP "
+        f"read-only tools/call for Interlock). Goal: interlock serve ≤ {_GOAL_MB:g} MB after the "
+        "run; the floor is a bare aiohttp pass-through measured in the same run."
+    )
+    return [
+        Table(
+            title="Idle memory of interlock serve (RSS)",
+            columns=["process", "RSS at start MB", "RSS after the run MB", f"≤ {_GOAL_MB:g} MB"],
+            rows=rows,
+            note=note,
+        )
+    ]
+
+
+def run(quick: bool = False) -> list[Table]:
+    """RSS of `interlock serve` at start and after a run, beside a bare aiohttp floor."""
+    return asyncio.run(_run(quick))
