@@ -6,9 +6,10 @@ at once and the record goes into a bounded backlog. One task lets records gather
 folds a burst of refusals into one transaction (and one fsync) beside the claims of useful work,
 instead of one wait per refusal.
 
-The backlog is bounded: when it is full a record is dropped (counted in
+The backlog is bounded: when it is full (or after `drain()`) a record is dropped (counted in
 `interlock.ledger.rejections_unrecorded{why="dropped"}`, logged at most once a second) and the
-answer is never held up. A record the ledger fails to write is counted with `why="failed"`.
+answer is never held up. A record the ledger fails to write, or that finds no ledger open, is
+counted with `why="failed"`.
 `drain()` (graceful shutdown, before the ledger closes) writes what is still pending.
 """
 
@@ -76,12 +77,15 @@ class RejectionRecorder:
         key may already name an entry, which keeps its own id: the key, not an id, names it.
         Nothing is queued without an open ledger, with the backlog full, or after `drain()`.
         """
-        if self._closed or self._ledger.store is None:
+        store = self._ledger.store
+        if store is None:
+            self._unrecorded("failed", 1, "the ledger is not open")
             return None
-        if len(self._pending) >= self._backlog:
-            self._unrecorded("dropped", 1, "the backlog is full")
+        if self._closed or len(self._pending) >= self._backlog:
+            why = "the ledger is closing" if self._closed else "the backlog is full"
+            self._unrecorded("dropped", 1, why)
             return None
-        entry_id = None if req.idempotency_key is not None else self._ledger.store.new_entry_id()
+        entry_id = None if req.idempotency_key is not None else store.new_entry_id()
         pending = self._pending
         pending.append(_Rejection(req, refusal, entry_id))
         if self._task is None or self._task.done():

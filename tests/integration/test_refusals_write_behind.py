@@ -255,7 +255,8 @@ async def test_a_full_backlog_drops_the_record_counts_it_and_never_blocks(
     assert all(queued)
     assert dropped is None
     assert states == {"rejected"}
-    assert samples[("interlock_ledger_rejections_unrecorded_total", (("why", "dropped"),))] == 1
+    # the one over the backlog, and the one after the drain
+    assert samples[("interlock_ledger_rejections_unrecorded_total", (("why", "dropped"),))] == 2
 
 
 async def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
