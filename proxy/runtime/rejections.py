@@ -20,6 +20,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -54,8 +55,15 @@ class RejectionRecorder:
 
     Records are written in the order they were refused, a batch at a time."""
 
-    def __init__(self, ledger: LedgerHandle, *, backlog: int = _BACKLOG) -> None:
+    def __init__(
+        self,
+        ledger: LedgerHandle,
+        *,
+        backlog: int = _BACKLOG,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._ledger = ledger
+        self._clock = clock  # paces the log lines about unrecorded refusals
         self._pending: deque[_Rejection] = deque()
         self._backlog = backlog
         self._wake = asyncio.Event()
@@ -156,7 +164,7 @@ class RejectionRecorder:
     def _unrecorded(self, why: str, count: int, cause: str) -> None:
         metrics.rejection_unrecorded(why, count)
         self._unlogged[why] += count
-        now = time.monotonic()
+        now = self._clock()
         if now - self._logged_at[why] >= _LOG_EVERY_S:
             log.warning("%d refusal record(s) %s, not written: %s", self._unlogged[why], why, cause)
             self._unlogged[why] = 0
