@@ -15,15 +15,17 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
+from prometheus_client.parser import text_string_to_metric_families
 
 from ledger import ClaimRequest, EntryNotFound, LedgerStore
 from policies.admission import Refusal
 from policies.model import LedgerSettings
 from proxy.runtime.rejections import RejectionRecorder
-from proxy.state import RUNTIME, LedgerHandle
+from proxy.state import LEDGER, RUNTIME
 from tests.integration import fake_provider
 from tests.integration.fake_provider import FakeProvider
 from tests.integration.http_calls import BOUNDED_S, post, settled
@@ -233,26 +235,38 @@ async def test_a_refusal_without_a_key_names_the_entry_written_behind_it(
     assert (entry.id, str(entry.state)) == (data["entry_id"], "rejected")
 
 
-async def test_a_full_backlog_drops_the_record_and_never_blocks(tmp_path: Path) -> None:
+async def test_a_full_backlog_drops_the_record_counts_it_and_never_blocks(
+    provider: FakeProvider, tmp_path: Path
+) -> None:
     """With the backlog full (the ledger cannot commit), another refusal's record is dropped at
-    once (not queued, no id named); the queued ones land once the ledger can commit again."""
-    settings = LedgerSettings(url=f"sqlite:///{tmp_path / 'ledger.db'}")
-    handle = LedgerHandle(store=await LedgerStore.open(settings, owner="test"))
-    recorder = RejectionRecorder(handle, backlog=2)
-    refusal = Refusal("overloaded", "upstream:up", 1.0)
-    try:
+    once (not queued, no id named) and counted in /metrics; the queued ones land once the ledger
+    can commit again, and nothing is taken after the drain."""
+    async with running_proxy(http_config(provider), tmp_path) as proxy:
+        recorder = RejectionRecorder(proxy.app[LEDGER], backlog=2)
+        refusal = Refusal("overloaded", "upstream:up", 1.0)
         with ledger_locked(tmp_path):
             queued = [recorder.record(_request(None, n), refusal) for n in range(2)]
             dropped = recorder.record(_request(None, 2), refusal)
             assert recorder.pending == 2
-        assert all(queued)
-        assert dropped is None
         await recorder.drain(BOUNDED_S)
         assert recorder.record(_request(None, 3), refusal) is None  # drained: closed
-        states = {(await handle.store.get(str(i)))[0].state for i in queued}
-    finally:
-        await handle.store.close()
+        states = {str((await proxy.store.get(str(i)))[0].state) for i in queued}
+        samples = await _scrape(f"{proxy.base}/metrics")
+    assert all(queued)
+    assert dropped is None
     assert states == {"rejected"}
+    # the one over the backlog, and the one after the drain
+    assert samples[("interlock_ledger_rejections_unrecorded_total", (("why", "dropped"),))] == 2
+
+
+async def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        text = await response.text()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def _request(key: str | None, n: int) -> ClaimRequest:
