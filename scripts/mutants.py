@@ -215,6 +215,17 @@ MUTANTS = (
         ),
         why="a key reused for another operation replays the first one's outcome",
     ),
+    Mutant(
+        name="close the ledger under refusal records",
+        path="proxy/app.py",
+        module="proxy.app",
+        edits=(("    await app[REJECTIONS].drain(_REJECTIONS_DRAIN_S)\n", ""),),
+        tests=(
+            "tests/integration/test_refusals_write_behind.py::"
+            "test_graceful_shutdown_writes_the_pending_refusals",
+        ),
+        why="refusals answered before a graceful stop are never recorded as rejected",
+    ),
 )
 
 
