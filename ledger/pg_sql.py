@@ -1,0 +1,165 @@
+"""The PostgreSQL writer's statements as plain SQL on its asyncpg connection.
+
+Each statement is a fixed string that asyncpg prepares once per connection, and every multi-row
+write is one statement over arrays (`unnest`), however many operations the batch holds. A batch
+whose operations only name rows by id or key costs four round trips: BEGIN; one statement that
+reads the database's clock and reads and locks (`FOR UPDATE`, in id order) every row the batch
+names; the writes (one statement each for changed rows, new rows and history rows); COMMIT. The
+Python decisions sit between the read and the writes, so the two cannot be one statement.
+
+Arrays are cast to the columns' base types (`text`, not `varchar(n)`): an explicit cast to
+`varchar(n)` would silently truncate, where the column's own assignment cast refuses.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from ledger.batch import ROW_FIELDS, EntryRow, Needs, WorkingSet
+
+__all__ = ["begin", "commit", "flush", "load", "rollback"]
+
+_COLUMNS = ", ".join(ROW_FIELDS)
+_row_tuple = operator.attrgetter(*ROW_FIELDS)
+_TEXT, _INT, _BIGINT, _TIME = "text", "int4", "int8", "timestamptz"
+_TYPES = {  # each column's base type (the table is `ledger.tables.LedgerEntry`)
+    **dict.fromkeys(ROW_FIELDS, _TEXT),
+    **dict.fromkeys(("attempt", "operator_retries"), _INT),
+    "fencing_token": _BIGINT,
+    **dict.fromkeys(
+        ("lease_expires_at", "created_at", "updated_at", "started_at", "finished_at"), _TIME
+    ),
+    **dict.fromkeys(("outcome", "request"), "bytea"),
+    "outcome_retained": "bool",
+    "retry_after_s": "float8",
+}
+_HISTORY_TYPES = {
+    "entry_id": _TEXT,
+    "from_state": _TEXT,
+    "to_state": _TEXT,
+    "at": _TIME,
+    "actor": _TEXT,
+    "reason": _TEXT,
+    "attempt": _INT,
+    "fencing_token": _BIGINT,
+    "evidence": _TEXT,
+}
+
+
+def _arrays(types: list[str], first: int = 1) -> str:
+    return ", ".join(f"${n}::{t}[]" for n, t in enumerate(types, start=first))
+
+
+_LOAD = f"""
+WITH locked AS MATERIALIZED (
+    SELECT {_COLUMNS} FROM ledger_entries
+    WHERE id = ANY($1::text[])
+       OR (idempotency_key = ANY($2::text[]) AND tenant = ANY($3::text[])
+           AND upstream = ANY($4::text[]))
+    ORDER BY id FOR UPDATE
+)
+SELECT clock_timestamp(), locked.* FROM (VALUES (1)) AS one (x) LEFT JOIN locked ON true
+"""
+_INSERT_ENTRIES = (
+    f"INSERT INTO ledger_entries ({_COLUMNS}) "
+    f"SELECT * FROM unnest({_arrays([_TYPES[name] for name in ROW_FIELDS])}) "
+    "ON CONFLICT DO NOTHING RETURNING id"
+)
+_HISTORY_COLUMNS = ", ".join(_HISTORY_TYPES)
+_INSERT_HISTORY = (
+    f"INSERT INTO ledger_transitions ({_HISTORY_COLUMNS}) "
+    f"SELECT {_HISTORY_COLUMNS} FROM unnest({_arrays(list(_HISTORY_TYPES.values()))}) "
+    f"WITH ORDINALITY AS h ({_HISTORY_COLUMNS}, n) ORDER BY n"  # ids in the batch's order
+)
+_DELETE = "DELETE FROM ledger_entries WHERE id = ANY($1::text[])"
+
+
+async def begin(conn: asyncpg.Connection) -> None:
+    await conn.execute("BEGIN")
+
+
+async def commit(conn: asyncpg.Connection) -> None:
+    await conn.execute("COMMIT")
+
+
+async def rollback(conn: asyncpg.Connection) -> None:
+    if conn.is_in_transaction():
+        await conn.execute("ROLLBACK")
+
+
+async def load(conn: asyncpg.Connection, needs: Needs, ws: WorkingSet) -> datetime:
+    """Read and lock every row `needs.ids` and `needs.keys` name into `ws`, in one round trip;
+    return the database's clock, read once the rows are locked.
+
+    The key is the unique index's first column; the scope filters narrow what is locked, and
+    `ws.find` matches the exact (tenant, upstream, key) triples.
+    """
+    tenants, upstreams, keys = (
+        (sorted(set(part)) for part in zip(*needs.keys, strict=True))
+        if needs.keys
+        else ([], [], [])
+    )
+    records = await conn.fetch(_LOAD, sorted(needs.ids), keys, tenants, upstreams)
+    now: datetime | None = None
+    for record in records:
+        now = record[0] if now is None else min(now, record[0])
+        if record[1] is not None:  # the one row of an empty read is all NULL but the clock
+            ws.load(EntryRow(*record[1:]))
+    if now is None:
+        raise RuntimeError("the ledger's read returned no row")
+    return now
+
+
+async def flush(conn: asyncpg.Connection, ws: WorkingSet) -> bool:
+    """Write the batch's changed rows, new rows, history rows and deletions.
+
+    Returns False, having written only part of the batch, when another transaction committed one
+    of the new keys first: the caller rolls back and runs the batch again, which then sees it.
+    """
+    by_columns: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+    for row_id in sorted(ws.dirty):
+        changes = ws.changes(row_id)
+        by_columns.setdefault(tuple(changes), []).append((row_id, *changes.values()))
+    for columns, rows in by_columns.items():
+        await conn.execute(_update_by_id(columns), *_columns_of(rows, len(columns) + 1))
+    # After the updates: a row whose key a new row takes over has given it up by now.
+    if ws.new_ids and not await _insert_new(conn, ws):
+        return False
+    if ws.history:
+        rows = [tuple(h[name] for name in _HISTORY_TYPES) for h in ws.history]
+        await conn.execute(_INSERT_HISTORY, *_columns_of(rows, len(_HISTORY_TYPES)))
+    if ws.deleted:
+        # Their history goes with them (ON DELETE CASCADE).
+        await conn.execute(_DELETE, sorted(ws.deleted))
+    return True
+
+
+async def _insert_new(conn: asyncpg.Connection, ws: WorkingSet) -> bool:
+    new_rows = [ws.rows[i] for i in ws.new_ids]
+    # A fixed order, so that two batches inserting the same keys wait rather than deadlock.
+    new_rows.sort(key=lambda r: (r.idempotency_key, r.tenant, r.upstream))
+    values = [_row_tuple(r) for r in new_rows]
+    inserted = await conn.fetch(_INSERT_ENTRIES, *_columns_of(values, len(ROW_FIELDS)))
+    return len(inserted) == len(new_rows)
+
+
+def _columns_of(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    """Rows turned into one list per column (the arrays `unnest` takes)."""
+    return [list(column) for column in zip(*rows, strict=True)] if rows else [[]] * width
+
+
+@functools.lru_cache(maxsize=64)
+def _update_by_id(columns: tuple[str, ...]) -> str:
+    """UPDATE of these columns of many rows by id, from one array per column."""
+    names = ["id", *columns]
+    assignments = ", ".join(f"{name} = u.{name}" for name in columns)
+    return (
+        f"UPDATE ledger_entries AS e SET {assignments} "
+        f"FROM unnest({_arrays([_TYPES[name] for name in names])}) AS u ({', '.join(names)}) "
+        "WHERE e.id = u.id"
+    )
