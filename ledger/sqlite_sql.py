@@ -42,6 +42,8 @@ _HISTORY_FIELDS = (
     "fencing_token",
     "evidence",
 )
+_history_tuple = operator.itemgetter(*_HISTORY_FIELDS)
+_AT = _HISTORY_FIELDS.index("at")
 _INSERT_ENTRY = (
     f"INSERT INTO ledger_entries ({_COLUMNS}) VALUES ({', '.join('?' * len(ROW_FIELDS))}) "
     "ON CONFLICT DO NOTHING"
@@ -93,19 +95,23 @@ def flush(conn: sqlite3.Connection, ws: WorkingSet) -> bool:
     Returns False, having written only part of the batch, when another transaction committed one
     of the new keys first: the caller rolls back and runs the batch again, which then sees it.
     """
+    text = _TimeTexts()
     by_columns: dict[tuple[str, ...], list[list[Any]]] = {}
     for row_id in sorted(ws.dirty):
         changes = ws.changes(row_id)
-        params = [_time_text(v) if k in _TIME_FIELDS else v for k, v in changes.items()]
+        params = [text(v) if k in _TIME_FIELDS else v for k, v in changes.items()]
         params.append(row_id)
         by_columns.setdefault(tuple(changes), []).append(params)
     for columns, params_list in by_columns.items():
         conn.executemany(_update_by_id(columns), params_list)
     # After the updates: a row whose key a new row takes over has given it up by now.
-    if ws.new_ids and not _insert_new(conn, ws):
+    if ws.new_ids and not _insert_new(conn, ws, text):
         return False
     if ws.history:
-        conn.executemany(_INSERT_HISTORY, [_history_params(h) for h in ws.history])
+        history = [list(_history_tuple(h)) for h in ws.history]
+        for params in history:
+            params[_AT] = text(params[_AT])
+        conn.executemany(_INSERT_HISTORY, history)
     if ws.deleted:
         # Their history goes with them (ON DELETE CASCADE).
         ids = sorted(ws.deleted)
@@ -113,11 +119,15 @@ def flush(conn: sqlite3.Connection, ws: WorkingSet) -> bool:
     return True
 
 
-def _insert_new(conn: sqlite3.Connection, ws: WorkingSet) -> bool:
+def _insert_new(conn: sqlite3.Connection, ws: WorkingSet, text: _TimeTexts) -> bool:
     new_rows = [ws.rows[i] for i in ws.new_ids]
     # A fixed order, so that two batches inserting the same keys wait rather than deadlock.
     new_rows.sort(key=lambda r: (r.idempotency_key, r.tenant, r.upstream))
-    inserted = conn.executemany(_INSERT_ENTRY, [_row_params(r) for r in new_rows]).rowcount
+    rows = [list(_row_tuple(r)) for r in new_rows]
+    for params in rows:
+        for i in _TIME_INDEXES:
+            params[i] = text(params[i])
+    inserted = conn.executemany(_INSERT_ENTRY, rows).rowcount
     return inserted == len(new_rows)
 
 
@@ -135,26 +145,25 @@ def _entry(values: Iterable[Any]) -> EntryRow:
     return EntryRow(*row)
 
 
-def _row_params(row: EntryRow) -> list[Any]:
-    params = list(_row_tuple(row))
-    for i in _TIME_INDEXES:
-        params[i] = _time_text(params[i])
-    return params
+class _TimeTexts:
+    """Aware datetimes as the UTC text `ledger.tables.UTCTimestamp` stores, each distinct time
+    converted once per batch (most of a batch's times are its one `now`)."""
 
+    __slots__ = ("_texts",)
 
-def _history_params(history: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(
-        _time_text(history[name]) if name == "at" else history[name] for name in _HISTORY_FIELDS
-    )
+    def __init__(self) -> None:
+        self._texts: dict[datetime, str] = {}
 
-
-def _time_text(value: datetime | None) -> str | None:
-    """An aware datetime as the UTC text `ledger.tables.UTCTimestamp` stores."""
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        raise ValueError(f"ledger times must be timezone-aware, not {value!r}")
-    return value.astimezone(UTC).isoformat(" ", "microseconds")[:_TEXT_LENGTH]
+    def __call__(self, value: datetime | None) -> str | None:
+        if value is None:
+            return None
+        text = self._texts.get(value)
+        if text is None:
+            if value.tzinfo is None:
+                raise ValueError(f"ledger times must be timezone-aware, not {value!r}")
+            text = value.astimezone(UTC).isoformat(" ", "microseconds")[:_TEXT_LENGTH]
+            self._texts[value] = text
+        return text
 
 
 @functools.lru_cache(maxsize=512)
