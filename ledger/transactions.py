@@ -185,13 +185,15 @@ class SQLiteTransactions:
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
     def _transaction(self, ops: list[Operation[Any]]) -> list[object]:
+        if self._conn is not None and self._raw().in_transaction:
+            self._release()  # an earlier batch's ROLLBACK did not run: start on a clean one
         if self._conn is None:
             try:
                 self._conn = self._engine.connect()
             except Exception as error:
                 raise TransactionFailed(error, committing=False, connecting=True) from error
         conn = self._conn
-        raw: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
+        raw = self._raw()
         needs = _needs(ops)
         if _hot(needs):
 
@@ -236,11 +238,16 @@ class SQLiteTransactions:
             raise LostRace
         return results
 
+    def _raw(self) -> sqlite3.Connection:
+        assert self._conn is not None
+        raw: sqlite3.Connection = self._conn.connection.driver_connection  # type: ignore[assignment]
+        return raw
+
     def _release(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            with contextlib.suppress(exc.DBAPIError, OSError):
-                conn.close()
+            with contextlib.suppress(exc.DBAPIError, OSError, sqlite3.Error):
+                conn.close()  # no pool (`ledger.db`): the connection is closed, rolled back
 
 
 class PostgresTransactions:
@@ -260,6 +267,8 @@ class PostgresTransactions:
             LostRace: another transaction committed one of the new keys first.
             TransactionFailed: the database (or the driver) refused; nothing to acknowledge.
         """
+        if self._raw is not None and (self._raw.is_closed() or self._raw.is_in_transaction()):
+            await self.drop()  # an earlier batch's ROLLBACK did not run: start on a clean one
         if self._conn is None or self._raw is None:
             try:
                 self._conn = await self._engine.connect()

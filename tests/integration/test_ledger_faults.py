@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from ledger import EntryState, LedgerStore, LedgerUnavailable, sqlite_sql
+from ledger import EntryState, LedgerStore, LedgerUnavailable, pg_sql, sqlite_sql
 from ledger import db as ledger_db
 from ledger.db import open_engines
 from policies.model import LedgerSettings
@@ -92,6 +92,33 @@ async def test_one_poison_fails_alone_in_a_batch_of_many(ledger_store: LedgerSto
     assert failed == [37]
     assert isinstance(results[37], LedgerUnavailable)
     assert len(await ledger_store.list_entries(limit=200)) == 99
+
+
+async def test_a_rollback_that_never_ran_does_not_poison_the_next_batches(
+    ledger_store: LedgerStore, ledger_settings: LedgerSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refused batch whose ROLLBACK never reached the database leaves the writer's connection
+    mid-transaction: the next batch starts clean instead of failing on that transaction."""
+    on_sqlite = ledger_settings.url.startswith("sqlite")
+
+    def skipped(_conn: object) -> None:
+        return None
+
+    async def skipped_async(_conn: object) -> None:
+        return None
+
+    if on_sqlite:
+        monkeypatch.setattr(sqlite_sql, "rollback", skipped)
+        poisoned = claim_request("bad-\udc80")
+    else:
+        monkeypatch.setattr(pg_sql, "rollback", skipped_async)
+        poisoned = claim_request("poisoned", tenant=secrets.token_hex(1400))
+    with pytest.raises(LedgerUnavailable):
+        await ledger_store.claim(poisoned)
+    monkeypatch.undo()
+    after = await asyncio.wait_for(ledger_store.claim(claim_request("after")), _DEADLINE_S)
+    assert after.kind == "new"
+    assert [e.idempotency_key for e in await ledger_store.list_entries()] == ["after"]
 
 
 @only_postgres
