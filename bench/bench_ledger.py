@@ -7,9 +7,10 @@ PostgreSQL with and without group commit; each at 1 and 64 concurrent writers, o
 (a temporary folder, or a temporary database on `INTERLOCK_BENCH_PG_URL` / `INTERLOCK_TEST_PG_URL`,
 dropped afterwards). Everything stays on this machine.
 
-Beside the rate, the benchmark process's CPU per pair at 64 writers (`time.process_time`, so the
-SQLite writer thread and the 64 calling tasks, not the PostgreSQL server): what the ledger costs a
-proxied call, against the floor of a bare aiohttp pass-through (about 500-1,000 µs CPU per call).
+Beside the rate, the benchmark process's CPU per pair at 1 and 64 writers (`time.process_time`: the
+SQLite writer thread and the calling tasks), and the local PostgreSQL server's (its processes in
+/proc): what the ledger costs a proxied call, against the floor of a bare aiohttp pass-through
+(about 500-1,000 µs CPU per call).
 """
 
 from __future__ import annotations
@@ -182,7 +183,8 @@ async def _run(seconds: float) -> list[Table]:
     table = Table(
         title="ledger: claim + finish pairs per second (each pair = 2 durable writes)",
         columns=["configuration", *(f"{w} writer{'s' * (w > 1)}" for w in _WRITERS),
-                 "vs one commit per write", "goal at 64", "CPU per pair at 64",
+                 "vs one commit per write", "goal at 64", "CPU per pair at 1 writer",
+                 "CPU per pair at 64",
                  "mean batch at 64"],
     )  # fmt: skip
     for config in _CONFIGS:
@@ -203,6 +205,7 @@ async def _run(seconds: float) -> list[Table]:
                 *(f"{c.pairs_per_s:,.0f}" if isinstance(c, _Result) else c for c in cells),
                 ratio,
                 goal,
+                _cpu_cell(cells[0]),
                 _cpu_cell(at64),
                 f"{at64.mean_batch:.1f} ops" if isinstance(at64, _Result) else "-",
             ]

@@ -1,11 +1,13 @@
 """The PostgreSQL writer's statements as plain SQL on its asyncpg connection.
 
-Each statement is a fixed string that asyncpg prepares once per connection, and every multi-row
-write is one statement over arrays (`unnest`), however many operations the batch holds. A batch
-whose operations only name rows by id or key costs four round trips: BEGIN; one statement that
-reads the database's clock and reads and locks (`FOR UPDATE`, in id order) every row the batch
-names; the writes (one statement each for changed rows, new rows and history rows); COMMIT. The
-Python decisions sit between the read and the writes, so the two cannot be one statement.
+Each statement is a fixed string (one per shape of batch) that asyncpg prepares once per
+connection, and every multi-row write is over arrays (`unnest`), however many operations the batch
+holds. A batch whose operations only name rows by id or key costs four round trips: BEGIN; one
+statement that reads the database's clock and reads and locks (`FOR UPDATE`, in id order) every
+row the batch names; one statement that writes the changed rows, the new rows and the history
+rows (data-modifying CTEs); COMMIT. The Python decisions sit between the read and the writes, so
+those cannot be one statement, and COMMIT cannot travel with parameters (asyncpg sends a
+statement with parameters alone, through the extended protocol).
 
 Arrays are cast to the columns' base types (`text`, not `varchar(n)`): an explicit cast to
 `varchar(n)` would silently truncate, where the column's own assignment cast refuses.
@@ -68,17 +70,8 @@ WITH locked AS MATERIALIZED (
 )
 SELECT clock_timestamp(), locked.* FROM (VALUES (1)) AS one (x) LEFT JOIN locked ON true
 """
-_INSERT_ENTRIES = (
-    f"INSERT INTO ledger_entries ({_COLUMNS}) "
-    f"SELECT * FROM unnest({_arrays([_TYPES[name] for name in ROW_FIELDS])}) "
-    "ON CONFLICT DO NOTHING RETURNING id"
-)
 _HISTORY_COLUMNS = ", ".join(_HISTORY_TYPES)
-_INSERT_HISTORY = (
-    f"INSERT INTO ledger_transitions ({_HISTORY_COLUMNS}) "
-    f"SELECT {_HISTORY_COLUMNS} FROM unnest({_arrays(list(_HISTORY_TYPES.values()))}) "
-    f"WITH ORDINALITY AS h ({_HISTORY_COLUMNS}, n) ORDER BY n"  # ids in the batch's order
-)
+_history_tuple = operator.itemgetter(*_HISTORY_TYPES)
 _DELETE = "DELETE FROM ledger_entries WHERE id = ANY($1::text[])"
 
 
@@ -120,36 +113,88 @@ async def load(conn: asyncpg.Connection, needs: Needs, ws: WorkingSet) -> dateti
 
 
 async def flush(conn: asyncpg.Connection, ws: WorkingSet) -> bool:
-    """Write the batch's changed rows, new rows, history rows and deletions.
+    """Write the batch's changed rows, new rows and history rows in one statement (its parts
+    as data-modifying CTEs), then its deletions.
 
     Returns False, having written only part of the batch, when another transaction committed one
     of the new keys first: the caller rolls back and runs the batch again, which then sees it.
     """
-    by_columns: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+    groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
     for row_id in sorted(ws.dirty):
         changes = ws.changes(row_id)
-        by_columns.setdefault(tuple(changes), []).append((row_id, *changes.values()))
-    for columns, rows in by_columns.items():
-        await conn.execute(_update_by_id(columns), *_columns_of(rows, len(columns) + 1))
-    # After the updates: a row whose key a new row takes over has given it up by now.
-    if ws.new_ids and not await _insert_new(conn, ws):
-        return False
-    if ws.history:
-        rows = [tuple(h[name] for name in _HISTORY_TYPES) for h in ws.history]
-        await conn.execute(_INSERT_HISTORY, *_columns_of(rows, len(_HISTORY_TYPES)))
+        groups.setdefault(tuple(changes), []).append((row_id, *changes.values()))
+    if ws.new_ids and any("idempotency_key" in columns for columns in groups):
+        # A row gives its key up to a new row of this batch: that update lands first, in a
+        # statement of its own, so the new row's insert meets the unique index already changed.
+        for columns, rows in groups.items():
+            await conn.execute(_update_by_id(columns), *_columns_of(rows, len(columns) + 1))
+        groups = {}
+    new_rows = [ws.rows[i] for i in ws.new_ids]
+    # A fixed order, so that two batches inserting the same keys wait rather than deadlock.
+    new_rows.sort(key=lambda r: (r.idempotency_key, r.tenant, r.upstream))
+    if groups or new_rows or ws.history:
+        args: list[list[Any]] = []
+        for columns, rows in groups.items():
+            args.extend(_columns_of(rows, len(columns) + 1))
+        if new_rows:
+            args.extend(_columns_of([_row_tuple(r) for r in new_rows], len(ROW_FIELDS)))
+        if ws.history:
+            history = [_history_tuple(h) for h in ws.history]
+            args.extend(_columns_of(history, len(_HISTORY_TYPES)))
+            if new_rows:
+                args.append([r.id for r in new_rows])
+        sql = _writes(tuple(groups), bool(new_rows), bool(ws.history))
+        if await conn.fetchval(sql, *args) != len(new_rows):
+            return False
     if ws.deleted:
         # Their history goes with them (ON DELETE CASCADE).
         await conn.execute(_DELETE, sorted(ws.deleted))
     return True
 
 
-async def _insert_new(conn: asyncpg.Connection, ws: WorkingSet) -> bool:
-    new_rows = [ws.rows[i] for i in ws.new_ids]
-    # A fixed order, so that two batches inserting the same keys wait rather than deadlock.
-    new_rows.sort(key=lambda r: (r.idempotency_key, r.tenant, r.upstream))
-    values = [_row_tuple(r) for r in new_rows]
-    inserted = await conn.fetch(_INSERT_ENTRIES, *_columns_of(values, len(ROW_FIELDS)))
-    return len(inserted) == len(new_rows)
+@functools.lru_cache(maxsize=128)
+def _writes(groups: tuple[tuple[str, ...], ...], new: bool, history: bool) -> str:
+    """The statement writing a batch: an UPDATE per group of changed columns, the INSERT of the
+    new rows, the INSERT of the history rows; it returns how many new rows went in.
+
+    History rows of new rows that did not go in (a lost key race) are left out, so that their
+    foreign key does not fail the statement: the caller rolls it back and reruns the batch.
+    """
+    parts: list[str] = []
+    n = 1
+    for i, columns in enumerate(groups):
+        names = ["id", *columns]
+        assignments = ", ".join(f"{name} = u.{name}" for name in columns)
+        parts.append(
+            f"u{i} AS (UPDATE ledger_entries AS e SET {assignments} "
+            f"FROM unnest({_arrays([_TYPES[name] for name in names], n)}) "
+            f"AS u ({', '.join(names)}) WHERE e.id = u.id)"
+        )
+        n += len(names)
+    if new:
+        parts.append(
+            f"inserted AS (INSERT INTO ledger_entries ({_COLUMNS}) "
+            f"SELECT * FROM unnest({_arrays([_TYPES[name] for name in ROW_FIELDS], n)}) "
+            "ON CONFLICT DO NOTHING RETURNING id)"
+        )
+        n += len(ROW_FIELDS)
+    if history:
+        arrays = _arrays(list(_HISTORY_TYPES.values()), n)
+        n += len(_HISTORY_TYPES)
+        keep = (
+            f"WHERE h.entry_id = ANY(ARRAY(SELECT id FROM inserted)) "
+            f"OR h.entry_id <> ALL(${n}::text[]) "
+            if new
+            else ""
+        )
+        parts.append(
+            f"history AS (INSERT INTO ledger_transitions ({_HISTORY_COLUMNS}) "
+            f"SELECT {_HISTORY_COLUMNS} FROM unnest({arrays}) "
+            f"WITH ORDINALITY AS h ({_HISTORY_COLUMNS}, n) {keep}"
+            "ORDER BY n)"  # ids in the batch's order
+        )
+    counted = "SELECT count(*) FROM inserted" if new else "SELECT 0"
+    return f"WITH {', '.join(parts)} {counted}"
 
 
 def _columns_of(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
