@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import asyncpg
 import sqlalchemy as sa
 from sqlalchemy import exc
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ledger import pg_sql, queries, sqlite_sql
 from ledger.batch import Needs, OpContext, WorkingSet
@@ -231,7 +231,7 @@ class SQLiteTransactions:
 
     @staticmethod
     def _finish(
-        raw: Any, ops: list[Operation[Any]], ws: WorkingSet, ctx: OpContext
+        raw: sqlite3.Connection, ops: list[Operation[Any]], ws: WorkingSet, ctx: OpContext
     ) -> list[object]:
         results = _decide(ops, ws, ctx)
         if not sqlite_sql.flush(raw, ws):
@@ -253,7 +253,7 @@ class SQLiteTransactions:
 class PostgresTransactions:
     """The PostgreSQL writer's connection, held across batches."""
 
-    def __init__(self, engine: Any, context: ContextAt, clock: Clock) -> None:
+    def __init__(self, engine: AsyncEngine, context: ContextAt, clock: Clock) -> None:
         self._engine = engine
         self._context = context
         self._clock = clock
