@@ -7,9 +7,10 @@ PostgreSQL with and without group commit; each at 1 and 64 concurrent writers, o
 (a temporary folder, or a temporary database on `INTERLOCK_BENCH_PG_URL` / `INTERLOCK_TEST_PG_URL`,
 dropped afterwards). Everything stays on this machine.
 
-Beside the rate, the benchmark process's CPU per pair at 64 writers (`time.process_time`, so the
-SQLite writer thread and the 64 calling tasks, not the PostgreSQL server): what the ledger costs a
-proxied call, against the floor of a bare aiohttp pass-through (about 500-1,000 µs CPU per call).
+Beside the rate, the benchmark process's CPU per pair at 1 and 64 writers (`time.process_time`: the
+SQLite writer thread and the calling tasks), and the local PostgreSQL server's (its processes in
+/proc): what the ledger costs a proxied call, against the floor of a bare aiohttp pass-through
+(about 500-1,000 µs CPU per call).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import asyncpg
@@ -69,6 +71,8 @@ class _Result:
     mean_batch: float
     cpu_us_per_pair: float
     """This process's CPU (all threads) per pair, in microseconds."""
+    server_us_per_pair: float | None = None
+    """The local PostgreSQL server's CPU (all its processes) per pair, when it can be read."""
 
 
 def _pg_server() -> str:
@@ -108,18 +112,42 @@ async def _measure(config: _Config, url: str, writers: int, seconds: float) -> _
         keys = (f"{secrets.token_hex(4)}-{n}" for n in itertools.count())
         await _pairs(store, keys, writers, time.perf_counter() + min(0.3, seconds / 4))  # warm-up
         before = store.writer_stats
+        server_before = _server_cpu_s() if config.backend == "postgresql" else None
         cpu_before = time.process_time()
         started = time.perf_counter()
         pairs = await _pairs(store, keys, writers, started + seconds)
         elapsed = time.perf_counter() - started
         cpu = time.process_time() - cpu_before
+        server_after = _server_cpu_s() if server_before is not None else None
         after = store.writer_stats
     finally:
         await store.close()
     batches = max(1, after.batches - before.batches)
     pairs = max(1, pairs)
     mean_batch = (after.operations - before.operations) / batches
-    return _Result(pairs / elapsed, mean_batch, cpu / pairs * 1e6)
+    server = None
+    if server_before is not None and server_after is not None:
+        server = (server_after - server_before) / pairs * 1e6
+    return _Result(pairs / elapsed, mean_batch, cpu / pairs * 1e6, server)
+
+
+def _server_cpu_s() -> float | None:
+    """CPU seconds used so far by every process named postgres on this machine (None when
+    there is none to read: the server runs elsewhere)."""
+    total, seen = 0, False
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
+        if name.startswith("postgres"):
+            seen = True
+            utime, stime = fields.split()[11:13]
+            total += int(utime) + int(stime)
+    return total / os.sysconf("SC_CLK_TCK") if seen else None
 
 
 async def _pairs(store: LedgerStore, keys: Iterator[str], writers: int, deadline: float) -> int:
@@ -155,7 +183,8 @@ async def _run(seconds: float) -> list[Table]:
     table = Table(
         title="ledger: claim + finish pairs per second (each pair = 2 durable writes)",
         columns=["configuration", *(f"{w} writer{'s' * (w > 1)}" for w in _WRITERS),
-                 "vs one commit per write", "goal at 64", "CPU per pair at 64",
+                 "vs one commit per write", "goal at 64", "CPU per pair at 1 writer",
+                 "CPU per pair at 64",
                  "mean batch at 64"],
     )  # fmt: skip
     for config in _CONFIGS:
@@ -176,17 +205,27 @@ async def _run(seconds: float) -> list[Table]:
                 *(f"{c.pairs_per_s:,.0f}" if isinstance(c, _Result) else c for c in cells),
                 ratio,
                 goal,
-                f"{at64.cpu_us_per_pair:,.0f} µs" if isinstance(at64, _Result) else "-",
+                _cpu_cell(cells[0]),
+                _cpu_cell(at64),
                 f"{at64.mean_batch:.1f} ops" if isinstance(at64, _Result) else "-",
             ]
         )
     table.note = (
         "Ratios against one commit per write (max_batch=1) on the same backend, measured in this "
-        "run. CPU per pair: this process (the writer and the 64 calling tasks; not the "
-        "PostgreSQL server); a bare aiohttp pass-through costs about 500-1,000 µs per call. "
+        "run. CPU per pair: this process (the writer and the 64 calling tasks), + the local "
+        "PostgreSQL server's; a bare aiohttp pass-through costs about 500-1,000 µs per call. "
         f"{seconds:g} s per cell; a fresh SQLite file per cell, one temporary PostgreSQL database."
     )
     return [table]
+
+
+def _cpu_cell(result: _Result | str) -> str:
+    if not isinstance(result, _Result):
+        return "-"
+    cell = f"{result.cpu_us_per_pair:,.0f} µs"
+    if result.server_us_per_pair is not None:
+        cell += f" + server {result.server_us_per_pair:,.0f} µs"
+    return cell
 
 
 def run(quick: bool = False) -> list[Table]:

@@ -47,15 +47,17 @@ def classify(error: BaseException, *, committing: bool) -> Fault:
     lost = _connection_lost(error)
     if lost:
         return Fault.UNAVAILABLE if committing else Fault.RETRY
-    if isinstance(error, exc.DBAPIError):
-        sqlstate = getattr(error.orig, "sqlstate", None) or getattr(error.orig, "pgcode", None)
+    # SQLAlchemy wraps the driver's error; the writer's plain statements raise it bare.
+    driver = error.orig if isinstance(error, exc.DBAPIError) else error
+    if driver is not None:
+        sqlstate = getattr(driver, "sqlstate", None) or getattr(driver, "pgcode", None)
         if isinstance(sqlstate, str) and sqlstate:
             if sqlstate in _PG_RETRY:
                 return Fault.RETRY
             if sqlstate[:2] in _PG_DOWN:
                 return Fault.UNAVAILABLE
             return Fault.ISOLATE
-        code = getattr(error.orig, "sqlite_errorcode", None)
+        code = getattr(driver, "sqlite_errorcode", None)
         if isinstance(code, int):
             primary = code & 0xFF
             if primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
@@ -69,19 +71,26 @@ def classify(error: BaseException, *, committing: bool) -> Fault:
 
 
 def _connection_lost(error: BaseException) -> bool:
+    driver: BaseException | None = error
     if isinstance(error, exc.DBAPIError):
         if error.connection_invalidated:
             return True
-        sqlstate = getattr(error.orig, "sqlstate", None)
-        if isinstance(sqlstate, str) and sqlstate[:2] in _PG_LOST:
-            return True
-        # asyncpg's "connection is closed" / "connection was closed in the middle of operation"
-        cause = error.orig.__cause__ if error.orig is not None else None
-        names = {type(error.orig).__name__, type(cause).__name__ if cause else ""}
-        return bool(names & {"ConnectionDoesNotExistError", "InterfaceError"}) and (
-            "closed" in str(error.orig).lower()
-        )
-    return False
+        driver = error.orig
+    if driver is None:
+        return False
+    sqlstate = getattr(driver, "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate[:2] in _PG_LOST:
+        return True
+    # asyncpg's "connection is closed" / "connection was closed in the middle of operation"
+    cause = driver.__cause__
+    names = {type(driver).__name__, type(cause).__name__ if cause else ""}
+    if "InternalClientError" in names:
+        # asyncpg's protocol is out of step: e.g. the server's termination notice arrived
+        # between two statements. The connection is unusable, nothing of this batch was run.
+        return True
+    return bool(names & {"ConnectionDoesNotExistError", "InterfaceError"}) and (
+        "closed" in str(driver).lower()
+    )
 
 
 def describe(error: BaseException) -> str:

@@ -1,26 +1,21 @@
-"""Every SQL statement the ledger issues, for SQLite and PostgreSQL alike.
+"""The ledger's statements through SQLAlchemy Core, for SQLite and PostgreSQL alike.
 
-Writes arrive here as a finished `WorkingSet`: new rows are inserted with ON CONFLICT DO NOTHING
-so that, when two processes create the same key at once, the unique constraint picks the winner
-and the loser learns it from the ids that came back. Rows a batch will change are read with
-`FOR UPDATE` (PostgreSQL; SQLite's `BEGIN IMMEDIATE` already holds the database's write lock), so
-the decisions made in Python cannot be raced by another process before the commit.
-
-The writer's statements (`load`, `flush`) are synchronous functions over a `sa.Connection`: the
-SQLite writer runs a whole batch in one call on its own thread, the PostgreSQL writer through
-`AsyncConnection.run_sync`. The reads are async.
+The reads (`find_entry`, `list_entries`, …) are async. `load` reads the rows of a write batch
+that sweeps, purges or runs an operation's own loader (`ledger.transactions`: not the hot path,
+whose statements are plain SQL in `ledger.sqlite_sql` and `ledger.pg_sql`, as are every batch's
+writes). Rows a batch will change are read with `FOR UPDATE` (PostgreSQL; SQLite's
+`BEGIN IMMEDIATE` already holds the database's write lock), so the decisions made in Python cannot
+be raced by another process before the commit.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.batch import ROW_FIELDS, EntryRow, Needs, WorkingSet
@@ -33,7 +28,6 @@ __all__ = [
     "count_by_state",
     "database_now",
     "find_entry",
-    "flush",
     "history",
     "list_entries",
     "load",
@@ -44,7 +38,6 @@ __all__ = [
 ENTRIES = metadata.tables["ledger_entries"]
 TRANSITIONS = metadata.tables["ledger_transitions"]
 _ROW_COLUMNS = [ENTRIES.c[name] for name in ROW_FIELDS]  # in EntryRow's field order
-_NEW = {name: f"new_{name}" for name in ROW_FIELDS}  # UPDATE bind names (not column names)
 _MIN_PREFIX = 6
 _FIND_LIMIT = 6
 _entry_row: Callable[..., EntryRow] = EntryRow  # built positionally from a row's values
@@ -122,57 +115,6 @@ def load(conn: sa.Connection, needs: Needs, ws: WorkingSet, *, now: datetime, di
             ws.expired.append(row.id)
     for loader in needs.loaders:
         loader(conn, ws, now=now, dialect=dialect)
-
-
-def flush(conn: sa.Connection, ws: WorkingSet, *, dialect: str) -> bool:
-    """Write the batch's new rows, changed rows and history rows.
-
-    Returns False, having written only part of the batch, when another transaction committed one
-    of the new keys first: the caller rolls back and runs the batch again, which then sees it.
-    """
-    by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-    for row_id in sorted(ws.dirty):
-        changes = ws.changes(row_id)
-        params = {_NEW[name]: value for name, value in changes.items()}
-        params["match_id"] = row_id
-        by_columns.setdefault(tuple(changes), []).append(params)
-    for columns, params_list in by_columns.items():
-        conn.execute(_update_statement(columns), params_list)
-    # After the updates: a row whose key a new row takes over has given it up by now.
-    if ws.new_ids and not _insert_new(conn, ws, dialect):
-        return False
-    if ws.history:
-        conn.execute(sa.insert(TRANSITIONS), ws.history)
-    if ws.deleted:
-        # Their history goes with them (ON DELETE CASCADE).
-        conn.execute(sa.delete(ENTRIES).where(ENTRIES.c.id.in_(sorted(ws.deleted))))
-    return True
-
-
-def _insert_new(conn: sa.Connection, ws: WorkingSet, dialect: str) -> bool:
-    new_rows = [ws.rows[i] for i in ws.new_ids]
-    # A fixed order, so that two batches inserting the same keys wait rather than deadlock.
-    new_rows.sort(key=lambda r: (r.idempotency_key, r.tenant, r.upstream))
-    values = [r.values() for r in new_rows]
-    if dialect == "postgresql":
-        stmt = postgresql.insert(ENTRIES).on_conflict_do_nothing().returning(ENTRIES.c.id)
-        inserted = len(conn.execute(stmt, values).scalars().all())
-    else:
-        # SQLite reports an executemany's row count; without RETURNING the statement is
-        # prepared once rather than rebuilt for every batch size.
-        plain = sqlite.insert(ENTRIES).on_conflict_do_nothing()
-        inserted = conn.execute(plain, values).rowcount
-    return inserted == len(new_rows)
-
-
-@functools.lru_cache(maxsize=64)
-def _update_statement(columns: tuple[str, ...]) -> sa.Update:
-    """UPDATE of these columns of one row by id (an executemany statement)."""
-    return (
-        sa.update(ENTRIES)
-        .where(ENTRIES.c.id == sa.bindparam("match_id", type_=ENTRIES.c.id.type))
-        .values({c: sa.bindparam(_NEW[c], type_=ENTRIES.c[c].type) for c in columns})
-    )
 
 
 async def ping(conn: AsyncConnection) -> None:

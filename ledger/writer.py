@@ -19,35 +19,31 @@ lease expiry makes it `unknown` — never silently lost, never silently repeated
 itself dies, every caller waiting on it gets `LedgerUnavailable` at once, and the next write starts
 a new writer.
 
-On SQLite a whole batch (BEGIN IMMEDIATE, reads, writes, COMMIT) is one call on the writer's own
-thread, over a synchronous connection that only that thread ever touches: one hop from the event
-loop per batch rather than one per statement. A batch already handed to that thread runs to its
-end even when the writer is cancelled; its callers get `LedgerUnavailable` all the same. On
-PostgreSQL the same synchronous batch runs on the async connection through `run_sync`.
+How a batch becomes one transaction on each backend (plain prepared SQL on the driver's own
+connection for claims, finishes and renewals; one thread for SQLite) is `ledger.transactions`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-import sqlalchemy as sa
-from sqlalchemy import exc
-from sqlalchemy.ext.asyncio import AsyncConnection
-
-from ledger import queries
-from ledger.batch import Needs, OpContext, WorkingSet
 from ledger.db import Engines
 from ledger.errors import LedgerError, LedgerUnavailable
-from ledger.faults import Fault, classify, describe
+from ledger.faults import Fault, classify
 from ledger.operations import Operation
+from ledger.transactions import (
+    ContextAt,
+    LostRace,
+    PostgresTransactions,
+    SQLiteTransactions,
+    TransactionFailed,
+)
 
 __all__ = ["GroupCommitWriter", "WriterStats"]
 
@@ -72,30 +68,11 @@ class _Pending:
     future: asyncio.Future[Any]
 
 
-class _LostRace(Exception):
-    """Another transaction committed one of this batch's new keys first."""
-
-
-class _TransactionFailed(Exception):
-    """A batch's transaction failed; `committing` says whether COMMIT itself raised,
-    `connecting` that no connection could be opened (so no statement was sent)."""
-
-    def __init__(self, error: Exception, *, committing: bool, connecting: bool = False) -> None:
-        super().__init__(describe(error))
-        self.error = error
-        self.committing = committing
-        self.connecting = connecting
-
-
 class _BatchFailed(Exception):
     def __init__(self, fault: Fault, error: LedgerUnavailable) -> None:
         super().__init__(str(error))
         self.fault = fault
         self.error = error
-
-
-ContextAt = Callable[[datetime], OpContext]
-"""The batch's `OpContext` for the time the batch took from the database."""
 
 
 class GroupCommitWriter:
@@ -113,17 +90,14 @@ class GroupCommitWriter:
         max_batch: int,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
-        self._engines = engines
-        self._context = context
-        self._clock = clock
         self._max_batch = max_batch
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
         self._closed = False
-        self._conn: AsyncConnection | None = None  # PostgreSQL
-        self._sync_conn: sa.Connection | None = None  # SQLite: only ever on the worker thread
-        self._worker: ThreadPoolExecutor | None = None
+        self._transactions: SQLiteTransactions | PostgresTransactions
         if engines.write_sync is not None:
-            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-writer")
+            self._transactions = SQLiteTransactions(engines.write_sync, context, clock)
+        else:
+            self._transactions = PostgresTransactions(engines.write, context, clock)
         self._batches = 0
         self._operations = 0
         self._restarts = 0
@@ -175,10 +149,7 @@ class GroupCommitWriter:
             try:
                 await self._drop_connection()
             finally:
-                worker, self._worker = self._worker, None
-                if worker is not None:
-                    # Jobs already queued (the connection's release) still run on it.
-                    worker.shutdown(wait=False)
+                self._transactions.close()
 
     def _stopped(self, task: asyncio.Task[None]) -> None:
         """The writer task ended: a clean close, or a death that must not strand its callers."""
@@ -263,14 +234,14 @@ class GroupCommitWriter:
         lost_races = tries = 0
         while True:
             try:
-                return await self._transaction(ops)
-            except _LostRace:
+                return await self._transactions.run(ops)
+            except LostRace:
                 lost_races += 1
                 if lost_races >= _MAX_LOST_RACES:
                     message = f"ledger write gave up after {lost_races} conflicting tries"
                     raise _BatchFailed(Fault.UNAVAILABLE, LedgerUnavailable(message)) from None
                 continue
-            except _TransactionFailed as failed:
+            except TransactionFailed as failed:
                 tries += 1
                 fault = (
                     Fault.RETRY
@@ -287,119 +258,8 @@ class GroupCommitWriter:
                 unavailable.__cause__ = failed.error
                 raise _BatchFailed(fault, unavailable) from failed.error
 
-    async def _transaction(self, ops: list[Operation[Any]]) -> list[object]:
-        """Run one batch in one transaction; its results (or refusals) in order.
-
-        Raises:
-            _LostRace: another transaction committed one of the new keys first.
-            _TransactionFailed: the database (or the driver) refused; nothing to acknowledge.
-        """
-        engine = self._engines.write_sync
-        if engine is not None:
-            if self._worker is None:
-                raise LedgerUnavailable("the ledger store is closed")
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._worker, self._sqlite_transaction, engine, ops)
-        # Held across batches: a pool checkout and reset per batch would cost two more round
-        # trips to the server.
-        if self._conn is None:
-            try:
-                self._conn = await self._engines.write.connect()
-            except Exception as error:
-                raise _TransactionFailed(error, committing=False, connecting=True) from error
-        try:
-            transaction = await self._conn.begin()
-            try:
-                results = await self._conn.run_sync(_apply, ops, self._batch_context)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await transaction.rollback()
-                raise
-        except (_LostRace, LedgerError):
-            raise
-        except Exception as error:
-            raise _TransactionFailed(error, committing=False) from error
-        try:
-            await transaction.commit()
-        except Exception as error:
-            with contextlib.suppress(Exception):
-                await transaction.rollback()
-            raise _TransactionFailed(error, committing=True) from error
-        return results
-
-    def _sqlite_transaction(self, engine: sa.Engine, ops: list[Operation[Any]]) -> list[object]:
-        # On the worker thread only. The connection is held across batches, as on PostgreSQL.
-        if self._sync_conn is None:
-            try:
-                self._sync_conn = engine.connect()
-            except Exception as error:
-                raise _TransactionFailed(error, committing=False, connecting=True) from error
-        try:
-            transaction = self._sync_conn.begin()  # BEGIN IMMEDIATE: the write lock is ours
-            try:
-                results = _apply(self._sync_conn, ops, self._batch_context)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    transaction.rollback()
-                raise
-        except (_LostRace, LedgerError):
-            raise
-        except Exception as error:
-            raise _TransactionFailed(error, committing=False) from error
-        try:
-            transaction.commit()
-        except Exception as error:
-            with contextlib.suppress(Exception):
-                transaction.rollback()
-            raise _TransactionFailed(error, committing=True) from error
-        return results
-
-    def _batch_context(self, conn: sa.Connection) -> OpContext:
-        """The batch's context, its time taken now that the transaction holds its lock."""
-        now = self._clock() if self._clock is not None else queries.database_now(conn)
-        return self._context(now)
-
-    def _release_sync_connection(self) -> None:
-        # On the worker thread only.
-        conn, self._sync_conn = self._sync_conn, None
-        if conn is not None:
-            with contextlib.suppress(exc.DBAPIError, OSError):
-                conn.close()
-
     async def _drop_connection(self) -> None:
-        if self._worker is not None:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._worker, self._release_sync_connection)
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(exc.DBAPIError, OSError):
-                await conn.close()
-
-
-def _apply(
-    conn: sa.Connection, ops: list[Operation[Any]], context: Callable[[sa.Connection], OpContext]
-) -> list[object]:
-    """Load what `ops` need, apply them in order and write the result (inside a transaction).
-
-    Raises:
-        _LostRace: another transaction committed one of the new keys first; roll back, rerun.
-    """
-    dialect = conn.dialect.name
-    ctx = context(conn)
-    needs = Needs()
-    for op in ops:
-        op.declare(needs)
-    ws = WorkingSet()
-    queries.load(conn, needs, ws, now=ctx.now, dialect=dialect)
-    results: list[object] = []
-    for op in ops:
-        try:
-            results.append(op.apply(ws, ctx))
-        except LedgerError as refused:
-            results.append(refused)
-    if not queries.flush(conn, ws, dialect=dialect):
-        raise _LostRace
-    return results
+        await self._transactions.drop()
 
 
 def _fail(batch: list[_Pending], error: LedgerUnavailable) -> None:

@@ -44,16 +44,9 @@ class Mutant:
 MUTANTS = (
     Mutant(
         name="drop FOR UPDATE",
-        path="ledger/queries.py",
-        module="ledger.queries",
-        edits=(
-            (
-                '    if dialect != "postgresql":\n'
-                "        return stmt\n"
-                "    return stmt.with_for_update(skip_locked=skip_locked)\n",
-                "    return stmt\n",
-            ),
-        ),
+        path="ledger/pg_sql.py",
+        module="ledger.pg_sql",
+        edits=(("    ORDER BY id FOR UPDATE\n", "    ORDER BY id\n"),),
         tests=(
             "tests/integration/test_ledger_concurrency.py::"
             "test_two_processes_racing_rejected_keys_start_each_once",
@@ -99,27 +92,26 @@ MUTANTS = (
     ),
     Mutant(
         name="acknowledge before COMMIT",
-        path="ledger/writer.py",
-        module="ledger.writer",
+        path="ledger/transactions.py",
+        module="ledger.transactions",
         edits=(
             (
-                "        try:\n"
-                "            await transaction.commit()\n"
-                "        except Exception as error:\n"
-                "            with contextlib.suppress(Exception):\n"
-                "                await transaction.rollback()\n"
-                "            raise _TransactionFailed(error, committing=True) from error\n",
+                "    try:\n"
+                "        await commit()\n"
+                "    except Exception as error:\n"
                 "        with contextlib.suppress(Exception):\n"
-                "            await transaction.commit()\n",
+                "            await rollback()\n"
+                "        raise TransactionFailed(error, committing=True) from error\n",
+                "    with contextlib.suppress(Exception):\n        await commit()\n",
             ),
             (
-                "        try:\n"
-                "            transaction.commit()\n"
-                "        except Exception as error:\n"
-                "            with contextlib.suppress(Exception):\n"
-                "                transaction.rollback()\n"
-                "            raise _TransactionFailed(error, committing=True) from error\n",
-                "        with contextlib.suppress(Exception):\n            transaction.commit()\n",
+                "    try:\n"
+                "        commit()\n"
+                "    except Exception as error:\n"
+                "        with contextlib.suppress(Exception):\n"
+                "            rollback()\n"
+                "        raise TransactionFailed(error, committing=True) from error\n",
+                "    with contextlib.suppress(Exception):\n        commit()\n",
             ),
         ),
         tests=(

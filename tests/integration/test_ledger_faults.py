@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy import event
 
-from ledger import EntryState, LedgerStore, LedgerUnavailable
+from ledger import EntryState, LedgerStore, LedgerUnavailable, pg_sql, sqlite_sql
 from ledger import db as ledger_db
 from ledger.db import open_engines
 from policies.model import LedgerSettings
@@ -93,6 +92,33 @@ async def test_one_poison_fails_alone_in_a_batch_of_many(ledger_store: LedgerSto
     assert failed == [37]
     assert isinstance(results[37], LedgerUnavailable)
     assert len(await ledger_store.list_entries(limit=200)) == 99
+
+
+async def test_a_rollback_that_never_ran_does_not_poison_the_next_batches(
+    ledger_store: LedgerStore, ledger_settings: LedgerSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refused batch whose ROLLBACK never reached the database leaves the writer's connection
+    mid-transaction: the next batch starts clean instead of failing on that transaction."""
+    on_sqlite = ledger_settings.url.startswith("sqlite")
+
+    def skipped(_conn: object) -> None:
+        return None
+
+    async def skipped_async(_conn: object) -> None:
+        return None
+
+    if on_sqlite:
+        monkeypatch.setattr(sqlite_sql, "rollback", skipped)
+        poisoned = claim_request("bad-\udc80")
+    else:
+        monkeypatch.setattr(pg_sql, "rollback", skipped_async)
+        poisoned = claim_request("poisoned", tenant=secrets.token_hex(1400))
+    with pytest.raises(LedgerUnavailable):
+        await ledger_store.claim(poisoned)
+    monkeypatch.undo()
+    after = await asyncio.wait_for(ledger_store.claim(claim_request("after")), _DEADLINE_S)
+    assert after.kind == "new"
+    assert [e.idempotency_key for e in await ledger_store.list_entries()] == ["after"]
 
 
 @only_postgres
@@ -210,26 +236,25 @@ async def test_a_writer_that_dies_fails_waiting_writes_and_is_restarted(
 
 @pytest.mark.parametrize(("durability", "expected"), [("full", 2), ("normal", 1)])
 async def test_the_writer_connection_runs_the_configured_synchronous_level(
-    tmp_path: Path, durability: str, expected: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durability: str, expected: int
 ) -> None:
     """SQLite: the group-commit writer's own connection runs `PRAGMA synchronous` FULL (2) by
-    default and NORMAL (1) with `durability: normal`, read on that connection mid-batch."""
+    default and NORMAL (1) with `durability: normal`, read on that connection as a batch begins."""
     seen: list[int] = []
+    begin = sqlite_sql.begin
 
-    def on_execute(conn: sa.Connection, cursor: Any, *_: Any) -> None:
-        writes = conn.get_execution_options().get("interlock_ledger_write", False)
-        if writes and isinstance(cursor, sqlite3.Cursor):  # the writer's own sqlite3 connection
-            seen.append(cursor.connection.execute("PRAGMA synchronous").fetchone()[0])
+    def reading_begin(conn: sqlite3.Connection) -> None:
+        seen.append(conn.execute("PRAGMA synchronous").fetchone()[0])
+        begin(conn)
 
+    monkeypatch.setattr(sqlite_sql, "begin", reading_begin)
     settings = LedgerSettings(url=f"sqlite:///{tmp_path / 'l.db'}", durability=durability)  # type: ignore[arg-type]
     store = await LedgerStore.open(settings, owner="r")
-    event.listen(sa.Engine, "before_cursor_execute", on_execute)
     try:
         await store.claim(claim_request("k"))
     finally:
-        event.remove(sa.Engine, "before_cursor_execute", on_execute)
         await store.close()
-    assert seen, "no statement ran on the writer's connection"
+    assert seen, "no batch began on the writer's connection"
     assert set(seen) == {expected}
 
 

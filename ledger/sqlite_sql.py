@@ -1,0 +1,191 @@
+"""The SQLite writer's statements as plain SQL on its stdlib `sqlite3` connection.
+
+A batch's hot statements (begin, the clock, reading the rows its operations name, writing the
+result) are fixed strings, prepared once by `sqlite3`'s own statement cache and bound with plain
+tuples: no SQLAlchemy compile or parameter processing per batch. Values are converted as
+`ledger.tables` stores them: times as UTC text "YYYY-MM-DD HH:MM:SS.ffffff", booleans as 0/1.
+
+Everything here runs on the writer's thread, inside the transaction `begin` opened:
+`BEGIN IMMEDIATE` takes the database's write lock before anything is read, so the rows read
+cannot change under the batch's decisions before COMMIT.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import sqlite3
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from ledger.batch import ROW_FIELDS, EntryRow, Needs, WorkingSet
+
+__all__ = ["begin", "commit", "database_now", "flush", "load", "rollback"]
+
+_COLUMNS = ", ".join(ROW_FIELDS)
+_TIME_FIELDS = frozenset(
+    {"lease_expires_at", "created_at", "updated_at", "started_at", "finished_at"}
+)
+_TIME_INDEXES = tuple(i for i, name in enumerate(ROW_FIELDS) if name in _TIME_FIELDS)
+_RETAINED = ROW_FIELDS.index("outcome_retained")
+_TEXT_LENGTH = len("2030-01-01 00:00:00.000000")
+_row_tuple = operator.attrgetter(*ROW_FIELDS)
+_HISTORY_FIELDS = (
+    "entry_id",
+    "from_state",
+    "to_state",
+    "at",
+    "actor",
+    "reason",
+    "attempt",
+    "fencing_token",
+    "evidence",
+)
+_history_tuple = operator.itemgetter(*_HISTORY_FIELDS)
+_AT = _HISTORY_FIELDS.index("at")
+_INSERT_ENTRY = (
+    f"INSERT INTO ledger_entries ({_COLUMNS}) VALUES ({', '.join('?' * len(ROW_FIELDS))}) "
+    "ON CONFLICT DO NOTHING"
+)
+_INSERT_HISTORY = (
+    f"INSERT INTO ledger_transitions ({', '.join(_HISTORY_FIELDS)}) "
+    f"VALUES ({', '.join('?' * len(_HISTORY_FIELDS))})"
+)
+_NOW = "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"
+
+
+def begin(conn: sqlite3.Connection) -> None:
+    """Open the batch's transaction holding the write lock (waits up to the busy timeout)."""
+    conn.execute("BEGIN IMMEDIATE")
+
+
+def commit(conn: sqlite3.Connection) -> None:
+    conn.execute("COMMIT")
+
+
+def rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+
+
+def database_now(conn: sqlite3.Connection) -> datetime:
+    """The host's clock as SQLite reads it, to the millisecond, timezone-aware UTC."""
+    (text,) = conn.execute(_NOW).fetchone()
+    return datetime.fromisoformat(f"{text}+00:00")
+
+
+def load(conn: sqlite3.Connection, needs: Needs, ws: WorkingSet) -> None:
+    """Read every row `needs.ids` and `needs.keys` name into `ws` (the other needs are not
+    read here: see `ledger.queries.load`)."""
+    if needs.ids:
+        ids = sorted(needs.ids)
+        _load_rows(conn, _select_by_ids(len(ids)), ids, ws)
+    if needs.keys:
+        # The key is the unique index's first column; the scope filters narrow what is read,
+        # and `ws.find` matches the exact (tenant, upstream, key) triples.
+        tenants, upstreams, keys = (sorted(set(part)) for part in zip(*needs.keys, strict=True))
+        sql = _select_by_keys(len(keys), len(tenants), len(upstreams))
+        _load_rows(conn, sql, [*keys, *tenants, *upstreams], ws)
+
+
+def flush(conn: sqlite3.Connection, ws: WorkingSet) -> bool:
+    """Write the batch's changed rows, new rows, history rows and deletions.
+
+    Returns False, having written only part of the batch, when another transaction committed one
+    of the new keys first: the caller rolls back and runs the batch again, which then sees it.
+    """
+    text = _TimeTexts()
+    by_columns: dict[tuple[str, ...], list[list[Any]]] = {}
+    for row_id in sorted(ws.dirty):
+        changes = ws.changes(row_id)
+        params = [text(v) if k in _TIME_FIELDS else v for k, v in changes.items()]
+        params.append(row_id)
+        by_columns.setdefault(tuple(changes), []).append(params)
+    for columns, params_list in by_columns.items():
+        conn.executemany(_update_by_id(columns), params_list)
+    # After the updates: a row whose key a new row takes over has given it up by now.
+    if ws.new_ids and not _insert_new(conn, ws, text):
+        return False
+    if ws.history:
+        history = [list(_history_tuple(h)) for h in ws.history]
+        for params in history:
+            params[_AT] = text(params[_AT])
+        conn.executemany(_INSERT_HISTORY, history)
+    if ws.deleted:
+        # Their history goes with them (ON DELETE CASCADE).
+        ids = sorted(ws.deleted)
+        conn.execute(f"DELETE FROM ledger_entries WHERE id IN ({_marks(len(ids))})", ids)
+    return True
+
+
+def _insert_new(conn: sqlite3.Connection, ws: WorkingSet, text: _TimeTexts) -> bool:
+    new_rows = [ws.rows[i] for i in ws.new_ids]
+    # A fixed order, so that two batches inserting the same keys wait rather than deadlock.
+    new_rows.sort(key=lambda r: (r.idempotency_key, r.tenant, r.upstream))
+    rows = [list(_row_tuple(r)) for r in new_rows]
+    for params in rows:
+        for i in _TIME_INDEXES:
+            params[i] = text(params[i])
+    inserted = conn.executemany(_INSERT_ENTRY, rows).rowcount
+    return inserted == len(new_rows)
+
+
+def _load_rows(conn: sqlite3.Connection, sql: str, params: list[str], ws: WorkingSet) -> None:
+    for values in conn.execute(sql, params):
+        ws.load(_entry(values))
+
+
+def _entry(values: Iterable[Any]) -> EntryRow:
+    row = list(values)
+    for i in _TIME_INDEXES:
+        if (text := row[i]) is not None:
+            row[i] = datetime.fromisoformat(text + "+00:00")
+    row[_RETAINED] = bool(row[_RETAINED])
+    return EntryRow(*row)
+
+
+class _TimeTexts:
+    """Aware datetimes as the UTC text `ledger.tables.UTCTimestamp` stores, each distinct time
+    converted once per batch (most of a batch's times are its one `now`)."""
+
+    __slots__ = ("_texts",)
+
+    def __init__(self) -> None:
+        self._texts: dict[datetime, str] = {}
+
+    def __call__(self, value: datetime | None) -> str | None:
+        if value is None:
+            return None
+        text = self._texts.get(value)
+        if text is None:
+            if value.tzinfo is None:
+                raise ValueError(f"ledger times must be timezone-aware, not {value!r}")
+            text = value.astimezone(UTC).isoformat(" ", "microseconds")[:_TEXT_LENGTH]
+            self._texts[value] = text
+        return text
+
+
+@functools.lru_cache(maxsize=512)
+def _marks(count: int) -> str:
+    return ", ".join("?" * count)
+
+
+@functools.lru_cache(maxsize=512)
+def _select_by_ids(count: int) -> str:
+    return f"SELECT {_COLUMNS} FROM ledger_entries WHERE id IN ({_marks(count)}) ORDER BY id"
+
+
+@functools.lru_cache(maxsize=512)
+def _select_by_keys(keys: int, tenants: int, upstreams: int) -> str:
+    return (
+        f"SELECT {_COLUMNS} FROM ledger_entries WHERE idempotency_key IN ({_marks(keys)}) "
+        f"AND tenant IN ({_marks(tenants)}) AND upstream IN ({_marks(upstreams)}) ORDER BY id"
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _update_by_id(columns: tuple[str, ...]) -> str:
+    """UPDATE of these columns of one row by id (an executemany statement)."""
+    assignments = ", ".join(f"{name} = ?" for name in columns)
+    return f"UPDATE ledger_entries SET {assignments} WHERE id = ?"
