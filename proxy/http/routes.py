@@ -10,7 +10,6 @@ and hands it to `proxy.http.pipeline.run_http_call`.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -29,6 +28,7 @@ from proxy.http.downstream import Downstream
 from proxy.http.paths import UnsafePath, split_route, upstream_target
 from proxy.http.pipeline import TOKEN_BUDGET, HttpCall, run_http_call
 from proxy.http.upstream import HTTP_SESSIONS
+from proxy.json_codec import loads
 from proxy.state import CONFIG, RUNTIME
 from proxy.telemetry import tracing
 
@@ -131,16 +131,20 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
         span_name = f"{operation} {model}"  # the GenAI convention for model calls
     else:
         span_name = tracing.http_span_name(request.method, _ROUTE)
-    attributes = {
-        "interlock.upstream": name,
-        "interlock.tenant": attrs.tenant,
-        "interlock.class": policy.work_class or attrs.work_class,
-        "http.request.method": request.method,
-        "http.route": _ROUTE,
-        "url.path": path,
-        "gen_ai.operation.name": operation,
-        "gen_ai.request.model": model if isinstance(model, str) else None,
-    }
+    attributes = (
+        None
+        if not tracing.tracing_on()
+        else {
+            "interlock.upstream": name,
+            "interlock.tenant": attrs.tenant,
+            "interlock.class": policy.work_class or attrs.work_class,
+            "http.request.method": request.method,
+            "http.route": _ROUTE,
+            "url.path": path,
+            "gen_ai.operation.name": operation,
+            "gen_ai.request.model": model if isinstance(model, str) else None,
+        }
+    )
     task = asyncio.current_task()
     runtime = request.app[RUNTIME]
     if task is not None:
@@ -192,7 +196,7 @@ async def _read_capped(request: web.Request, cap: int) -> bytes | None:
 
 def _parse_json(body: bytes, must_be_object: bool) -> tuple[Any, Answer | None]:
     try:
-        payload = json.loads(body)
+        payload = loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         return None, _bad(
             "invalid_json", f"The request body is not valid JSON: {exc}.", code=CODE_PARSE_ERROR
