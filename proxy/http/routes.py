@@ -20,7 +20,7 @@ from aiohttp import web
 from policies import answers
 from policies.answers import CODE_INVALID_REQUEST, CODE_PARSE_ERROR, Answer
 from policies.attributes import BadAttribute, read_attributes
-from policies.classify import classify_http
+from policies.classify import Classification, classify_http
 from policies.deferral import prefers_async
 from policies.json_limits import MAX_JSON_DEPTH, nests_deeper_than
 from policies.token_budget import TokenBudget
@@ -36,11 +36,18 @@ __all__ = ["setup_http"]
 
 
 _ROUTE = "/http/{upstream}/{path}"
+_POLICY_CACHE_MAX = 1024  # distinct (upstream, method, path) decisions kept; the rest recomputed
+
+Classifications = dict[tuple[str, str, str], Classification]
+_CLASSIFIED = web.AppKey("http_classified", Classifications)
+"""Each (upstream, method, path)'s classification: the configuration is fixed for the app's life
+and classification is a pure function of it, so a repeated path is classified once."""
 
 
 def setup_http(app: web.Application) -> None:
     """Add the HTTP proxy's route, token budget and pooled upstream sessions to `app`."""
     app[TOKEN_BUDGET] = TokenBudget(app[CONFIG].budgets, clock=time.monotonic)
+    app[_CLASSIFIED] = {}
     app.router.add_route("*", "/http/{upstream}", handle_http)
     app.router.add_route("*", "/http/{upstream}/{path:.*}", handle_http)
     app.cleanup_ctx.append(_upstream_sessions)
@@ -97,7 +104,7 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
     except BadAttribute as exc:
         return _reply(_bad(exc.reason, str(exc), exc.status, code=answers.CODE_INVALID_PARAMS))
     path = target.path  # rules, classification and the ledger see what the upstream runs
-    policy = classify_http(config, name, request.method, path)
+    policy = _classified(request.app, name, request.method, path)
     is_json = _is_json(request.content_type)
     respond_async = prefers_async(request.headers.getall("Prefer", ()))
     if not request.body_exists:
@@ -170,6 +177,17 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
     finally:
         if task is not None:
             runtime.in_flight.discard(task)
+
+
+def _classified(app: web.Application, name: str, method: str, path: str) -> Classification:
+    known = app[_CLASSIFIED]
+    key = (name, method, path)
+    policy = known.get(key)
+    if policy is None:
+        policy = classify_http(app[CONFIG], name, method, path)
+        if len(known) < _POLICY_CACHE_MAX:
+            known[key] = policy
+    return policy
 
 
 def _is_json(content_type: str) -> bool:
