@@ -5,7 +5,9 @@ Three routes to the same fake provider (`tests/integration/fake_provider.py`, it
 - bare: through a minimal aiohttp pass-through (its own process, below: forwards method, path,
   headers and body bytes, streams the answer back, parses nothing) — the floor any proxy pays;
 - interlock: through `interlock serve` (`python -m proxy serve`, its own process; telemetry
-  disabled so this table shows the proxy's own work — `bench_telemetry` prices the spans).
+  disabled so this table shows the proxy's own work — `bench_telemetry` prices the spans);
+- asyncio loop: the same on the standard asyncio event loop (`--loop asyncio`; a diagnostic row:
+  the default is uvloop where installed).
 
 Bodies: a JSON chat completion, and a streamed one (SSE, 20 content chunks and a usage chunk).
 Concurrency 1 and 32. CPU is the middle process's CPU time (all threads, /proc schedstat), divided
@@ -83,6 +85,7 @@ def _process(args: list[str], ready_url: str) -> AbstractAsyncContextManager[psu
 
 
 def _proxy_config(folder: Path, port: int, provider: str) -> Path:
+    folder.mkdir(exist_ok=True)
     path = folder / "interlock.yaml"
     text = f"""
         listen: "127.0.0.1:{port}"
@@ -144,15 +147,18 @@ async def _run(quick: bool) -> list[Table]:
     concurrency = _CONCURRENCY
     bodies = {"json": json.dumps(_CHAT).encode(), "stream": json.dumps(_STREAM).encode()}
     provider_port, bare_port, proxy_port = _free_port(), _free_port(), _free_port()
+    asyncio_port = _free_port()
     provider_url = f"http://127.0.0.1:{provider_port}"
     routes: dict[str, str] = {
         "direct": f"{provider_url}/v1/chat/completions",
         "bare": f"http://127.0.0.1:{bare_port}/v1/chat/completions",
+        "asyncio loop": f"http://127.0.0.1:{asyncio_port}/http/llm/v1/chat/completions",
         "interlock": f"http://127.0.0.1:{proxy_port}/http/llm/v1/chat/completions",
     }
     cells: dict[tuple[str, str, int], Cell] = {}
     with tempfile.TemporaryDirectory(prefix="interlock-bench-http-") as tmp:
         config = _proxy_config(Path(tmp), proxy_port, provider_url)
+        asyncio_config = _proxy_config(Path(tmp) / "asyncio", asyncio_port, provider_url)
         module = "bench.bench_http"
         async with (
             _process(["-m", module, "--provider", str(provider_port)], f"{provider_url}/v1/models"),
@@ -164,8 +170,12 @@ async def _run(quick: bool) -> list[Table]:
                 ["-m", "proxy", "serve", "--config", str(config)],
                 f"http://127.0.0.1:{proxy_port}/healthz",
             ) as proxy,
+            _process(
+                ["-m", "proxy", "serve", "--config", str(asyncio_config), "--loop", "asyncio"],
+                f"http://127.0.0.1:{asyncio_port}/healthz",
+            ) as on_asyncio,
         ):
-            middle = {"direct": None, "bare": bare, "interlock": proxy}
+            middle = {"direct": None, "bare": bare, "asyncio loop": on_asyncio, "interlock": proxy}
             # Rounds interleave the routes; the least disturbed run of each cell counts (lowest
             # CPU per request, else highest rate), since other work may share the machine.
             for _ in range(rounds):
@@ -196,7 +206,7 @@ def _table(
     for kind in ("json", "stream"):
         for n in concurrency:
             bare_ms = cells[(kind, "bare", n)].cpu_ms
-            for route in ("direct", "bare", "interlock"):
+            for route in ("direct", "bare", "asyncio loop", "interlock"):
                 cell = cells[(kind, route, n)]
                 ratio = "—"
                 if cell.cpu_ms is not None and bare_ms:
@@ -216,7 +226,8 @@ def _table(
         f"Each cell: {seconds:g} s after a 0.2 s warm-up, best of {rounds} interleaved round(s). "
         "CPU ms/req is the middle process's "
         "CPU time per request (none for direct). fresh conns/1k = TCP connections the provider saw "
-        "opened per 1,000 requests (direct: the load generator's own). Goal: Interlock ≤ 1.5× bare "
+        "opened per 1,000 requests (direct: the load generator's own). asyncio loop = interlock on "
+        "the standard event loop (diagnostic). Goal: Interlock ≤ 1.5× bare "
         "for JSON, ≤ 1.3× for streaming, the c=32 ratio no worse than c=1. " + "; ".join(verdicts)
     )
     return Table(

@@ -8,7 +8,8 @@ run as a subprocess):
   answer back, parsing nothing (`_serve_bare`) - the floor any proxy pays;
 - interlock: `interlock serve` (`proxy.ops.cli`) with a SQLite ledger at `durability: full`;
 - transport: the same, with the tools/call pipeline swapped for a pass-through (a diagnostic
-  row: what the MCP transport itself costs, apart from admission and the ledger).
+  row: what the MCP transport itself costs, apart from admission and the ledger);
+- asyncio loop: `interlock serve --loop asyncio` (a diagnostic row: the default is uvloop).
 
 Calls are stateless 2026-07-28 `tools/call`s: `search_docs` (read-only, learned from `tools/list`
 annotations: admission only) and `send_email` (side-effecting: write-ahead ledger entry, outcome
@@ -108,13 +109,13 @@ def _interlock_config(folder: Path, port: int, upstream: str) -> Path:
 
 @contextlib.asynccontextmanager
 async def _interlock(
-    upstream: str, *, transport_only: bool = False
+    upstream: str, *, transport_only: bool = False, loop: str = "auto"
 ) -> AsyncIterator[tuple[str, psutil.Process]]:
     """`interlock serve`; `transport_only` swaps the tools/call pipeline for a pass-through."""
     with tempfile.TemporaryDirectory(prefix="interlock-bench-mcp-") as tmp:
         port = _free_port()
         config = _interlock_config(Path(tmp), port, upstream)
-        serve = ["serve", "--config", str(config)]
+        serve = ["serve", "--config", str(config), "--loop", loop]
         if transport_only:
             args = [sys.executable, "-m", "bench.bench_mcp", "--transport-only", *serve]
         else:
@@ -252,6 +253,8 @@ async def _run(quick: bool) -> list[Table]:
                 await _measure_target("bare", url, proc, calls, results, counter)
             async with _interlock(upstream) as (url, proc):
                 await _measure_target("interlock", url, proc, calls, results, counter)
+            async with _interlock(upstream, loop="asyncio") as (url, proc):
+                await _measure_target("asyncio loop", url, proc, calls, results, counter)
             if not quick:
                 async with _interlock(upstream, transport_only=True) as (url, proc):
                     await _measure_target("transport", url, proc, calls, results, counter)
@@ -263,7 +266,7 @@ def _table(results: dict[Cell, Result], calls: int, rounds: int) -> Table:
     for kind in ("read-only", "side-effecting"):
         for concurrency in (1, 32):
             bare = results[("bare", kind, concurrency)].cpu_per_call_us
-            for target in ("direct", "bare", "transport", "interlock"):
+            for target in ("direct", "bare", "transport", "asyncio loop", "interlock"):
                 if (target, kind, concurrency) not in results:
                     continue  # the transport-only diagnostic is skipped in quick runs
                 r = results[(target, kind, concurrency)]
@@ -290,6 +293,8 @@ def _table(results: dict[Cell, Result], calls: int, rounds: int) -> Table:
         "no proxy). read-only = search_docs (readOnlyHint: admission only); side-effecting = "
         "send_email with fresh arguments (ledger write-ahead + outcome, SQLite durability full). "
         "transport = interlock with the tools/call pipeline bypassed (the transport's own cost). "
+        "asyncio loop = interlock on the standard asyncio event loop (`--loop asyncio`), a "
+        "diagnostic; interlock runs its default loop (uvloop where installed). "
         "fresh conns/1k = TCP connections the upstream saw opened per 1,000 calls (direct: the "
         "load generator's own). Goal: interlock ≤ 1.3× bare CPU/call read-only at c=1 and c=32, "
         "the c=32 ratio no worse than c=1; ≤ 2.5× side-effecting. " + _verdicts(results)

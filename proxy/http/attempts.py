@@ -71,16 +71,18 @@ async def admit(call: HttpCall) -> Slot:
         decision = "queued" if slot.decision == "queued_then_admitted" else "admitted"
         metrics.admission(decision, call.upstream.name)
         metrics.queue_wait(call.upstream.name, slot.queue_wait_s)
-        attributes: dict[str, Any] = {
-            "interlock.admission.decision": "observed" if slot.would_reject else decision,
-            "interlock.queue.wait_s": slot.queue_wait_s,
-        }
         if slot.would_reject is not None:
             refusal = slot.would_reject
-            attributes["interlock.would_reject"] = refusal.reason
             metrics.would_reject(refusal.reason, refusal.scope, call.upstream.name)
-        span.set_attributes(attributes)
-        call.span.set_attributes(attributes)
+        if call.span.is_recording():
+            attributes: dict[str, Any] = {
+                "interlock.admission.decision": "observed" if slot.would_reject else decision,
+                "interlock.queue.wait_s": slot.queue_wait_s,
+            }
+            if slot.would_reject is not None:
+                attributes["interlock.would_reject"] = slot.would_reject.reason
+            span.set_attributes(attributes)
+            call.span.set_attributes(attributes)
     return slot
 
 
@@ -142,13 +144,17 @@ async def _attempt(call: HttpCall) -> Opened:
     timeout = aiohttp.ClientTimeout(
         total=None, sock_connect=min(attempt_s, _MAX_CONNECT_S), sock_read=attempt_s
     )
-    attributes = {
-        "interlock.attempt": call.attempts,
-        "interlock.upstream": call.upstream.name,
-        "http.request.method": call.request.method,
-        "server.address": call.target.host,
-        "server.port": call.target.port,
-    }
+    attributes = (
+        {
+            "interlock.attempt": call.attempts,
+            "interlock.upstream": call.upstream.name,
+            "http.request.method": call.request.method,
+            "server.address": call.target.host,
+            "server.port": call.target.port,
+        }
+        if tracing.current_span().is_recording()
+        else None  # no span records them
+    )
     started = time.monotonic()
     with tracing.child_span(
         "interlock.upstream.attempt", attributes=attributes, kind=SpanKind.CLIENT

@@ -87,6 +87,13 @@ def upstream_target(base_url: str, raw_tail: str, query_string: str = "") -> Ups
         UnsafePath: the tail holds an absolute URL, `//`, or a segment without a single meaning
             (see the module docstring).
     """
+    return _target(base_url, raw_tail, query_string)
+
+
+# Callers repeat the same few paths (a model API's `v1/chat/completions`): decide each once.
+# A refused path raises every time (lru_cache keeps results, not exceptions).
+@functools.lru_cache(maxsize=512)
+def _target(base_url: str, raw_tail: str, query_string: str) -> UpstreamTarget:
     if _SCHEME.match(raw_tail) or raw_tail.startswith("/"):
         raise UnsafePath("the path must be relative to the upstream's base URL")
     segments = raw_tail.split("/") if raw_tail else []

@@ -10,7 +10,6 @@ and hands it to `proxy.http.pipeline.run_http_call`.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,7 +20,7 @@ from aiohttp import web
 from policies import answers
 from policies.answers import CODE_INVALID_REQUEST, CODE_PARSE_ERROR, Answer
 from policies.attributes import BadAttribute, read_attributes
-from policies.classify import classify_http
+from policies.classify import Classification, classify_http
 from policies.deferral import prefers_async
 from policies.json_limits import MAX_JSON_DEPTH, nests_deeper_than
 from policies.token_budget import TokenBudget
@@ -29,6 +28,7 @@ from proxy.http.downstream import Downstream
 from proxy.http.paths import UnsafePath, split_route, upstream_target
 from proxy.http.pipeline import TOKEN_BUDGET, HttpCall, run_http_call
 from proxy.http.upstream import HTTP_SESSIONS
+from proxy.json_codec import loads
 from proxy.state import CONFIG, RUNTIME
 from proxy.telemetry import tracing
 
@@ -36,11 +36,18 @@ __all__ = ["setup_http"]
 
 
 _ROUTE = "/http/{upstream}/{path}"
+_POLICY_CACHE_MAX = 1024  # distinct (upstream, method, path) decisions kept; the rest recomputed
+
+Classifications = dict[tuple[str, str, str], Classification]
+_CLASSIFIED = web.AppKey("http_classified", Classifications)
+"""Each (upstream, method, path)'s classification: the configuration is fixed for the app's life
+and classification is a pure function of it, so a repeated path is classified once."""
 
 
 def setup_http(app: web.Application) -> None:
     """Add the HTTP proxy's route, token budget and pooled upstream sessions to `app`."""
     app[TOKEN_BUDGET] = TokenBudget(app[CONFIG].budgets, clock=time.monotonic)
+    app[_CLASSIFIED] = {}
     app.router.add_route("*", "/http/{upstream}", handle_http)
     app.router.add_route("*", "/http/{upstream}/{path:.*}", handle_http)
     app.cleanup_ctx.append(_upstream_sessions)
@@ -97,7 +104,7 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
     except BadAttribute as exc:
         return _reply(_bad(exc.reason, str(exc), exc.status, code=answers.CODE_INVALID_PARAMS))
     path = target.path  # rules, classification and the ledger see what the upstream runs
-    policy = classify_http(config, name, request.method, path)
+    policy = _classified(request.app, name, request.method, path)
     is_json = _is_json(request.content_type)
     respond_async = prefers_async(request.headers.getall("Prefer", ()))
     if not request.body_exists:
@@ -131,16 +138,20 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
         span_name = f"{operation} {model}"  # the GenAI convention for model calls
     else:
         span_name = tracing.http_span_name(request.method, _ROUTE)
-    attributes = {
-        "interlock.upstream": name,
-        "interlock.tenant": attrs.tenant,
-        "interlock.class": policy.work_class or attrs.work_class,
-        "http.request.method": request.method,
-        "http.route": _ROUTE,
-        "url.path": path,
-        "gen_ai.operation.name": operation,
-        "gen_ai.request.model": model if isinstance(model, str) else None,
-    }
+    attributes = (
+        None
+        if not tracing.tracing_on()
+        else {
+            "interlock.upstream": name,
+            "interlock.tenant": attrs.tenant,
+            "interlock.class": policy.work_class or attrs.work_class,
+            "http.request.method": request.method,
+            "http.route": _ROUTE,
+            "url.path": path,
+            "gen_ai.operation.name": operation,
+            "gen_ai.request.model": model if isinstance(model, str) else None,
+        }
+    )
     task = asyncio.current_task()
     runtime = request.app[RUNTIME]
     if task is not None:
@@ -168,6 +179,17 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
             runtime.in_flight.discard(task)
 
 
+def _classified(app: web.Application, name: str, method: str, path: str) -> Classification:
+    known = app[_CLASSIFIED]
+    key = (name, method, path)
+    policy = known.get(key)
+    if policy is None:
+        policy = classify_http(app[CONFIG], name, method, path)
+        if len(known) < _POLICY_CACHE_MAX:
+            known[key] = policy
+    return policy
+
+
 def _is_json(content_type: str) -> bool:
     return content_type == "application/json" or content_type.endswith("+json")
 
@@ -192,7 +214,7 @@ async def _read_capped(request: web.Request, cap: int) -> bytes | None:
 
 def _parse_json(body: bytes, must_be_object: bool) -> tuple[Any, Answer | None]:
     try:
-        payload = json.loads(body)
+        payload = loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         return None, _bad(
             "invalid_json", f"The request body is not valid JSON: {exc}.", code=CODE_PARSE_ERROR

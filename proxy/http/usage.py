@@ -14,9 +14,10 @@ read is simply absent.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from proxy.json_codec import loads
 
 __all__ = ["StreamUsage", "Usage", "usage_from_json"]
 
@@ -104,7 +105,7 @@ class _UsageAccumulator:
 def usage_from_json(body: bytes) -> Usage | None:
     """Usage in a complete (uncompressed) JSON response body, or None if it has none."""
     try:
-        message = json.loads(body)
+        message = loads(body)
     except (ValueError, UnicodeDecodeError):
         return None
     acc = _UsageAccumulator()
@@ -148,7 +149,7 @@ class StreamUsage:
         if not payload.startswith(b"{"):
             return  # e.g. "[DONE]"
         try:
-            self._acc.merge(json.loads(payload))
+            self._acc.merge(loads(payload))
         except (ValueError, UnicodeDecodeError):
             return
 

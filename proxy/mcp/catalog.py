@@ -19,15 +19,14 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx2
 from aiohttp import web
-from mcp import Client, StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.inbound import find_invalid_x_mcp_header, x_mcp_header_map
 
 from policies.model import UpstreamSpec
+
+if TYPE_CHECKING:
+    from mcp import Client
 
 __all__ = [
     "CATALOG",
@@ -121,14 +120,36 @@ def learn_tools(app: web.Application, upstream: str, result: Mapping[str, Any]) 
         else:
             tasks.pop(name, None)
         schema = tool.get("inputSchema")
-        if isinstance(schema, dict) and find_invalid_x_mcp_header(schema) is None:
-            header_map = x_mcp_header_map(schema)
-            if header_map:
-                params[name] = header_map
-            else:
-                params.pop(name, None)
+        header_map = _header_map(schema) if isinstance(schema, dict) else None
+        if header_map:
+            params[name] = header_map
+        elif header_map is not None:
+            params.pop(name, None)
         learned += 1
     return learned
+
+
+def _mentions(value: Any, key: str) -> bool:
+    if isinstance(value, dict):
+        return key in value or any(_mentions(v, key) for v in value.values())
+    if isinstance(value, list):
+        return any(_mentions(v, key) for v in value)
+    return False
+
+
+def _header_map(schema: dict[str, Any]) -> ParamHeaders | None:
+    """The schema's header-mirrored arguments ({} if none; None if its annotations are invalid).
+
+    The SDK's reader is loaded only for a schema that has `x-mcp-header` somewhere: importing the
+    SDK costs the process ~30 MB it otherwise never needs.
+    """
+    if not _mentions(schema, "x-mcp-header"):
+        return {}
+    from mcp.shared.inbound import find_invalid_x_mcp_header, x_mcp_header_map
+
+    if find_invalid_x_mcp_header(schema) is not None:
+        return None
+    return x_mcp_header_map(schema)
 
 
 async def learn_annotations(app: web.Application, spec: UpstreamSpec) -> None:
@@ -151,6 +172,10 @@ async def learn_annotations(app: web.Application, spec: UpstreamSpec) -> None:
 
 
 async def _list_all(app: web.Application, spec: UpstreamSpec) -> None:
+    import httpx2  # the SDK's client, loaded only when the proxy lists tools itself
+    from mcp import Client, StdioServerParameters
+    from mcp.client.streamable_http import streamable_http_client
+
     if spec.kind == "mcp_stdio":
         command, *args = spec.command
         server = StdioServerParameters(command=command, args=args, env=dict(spec.env), cwd=spec.cwd)

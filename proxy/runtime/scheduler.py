@@ -112,6 +112,14 @@ class _Pending:
     timer: asyncio.TimerHandle | None
 
 
+def _has_rate_limits(config: Config) -> bool:
+    """Whether any scope a call can touch has a rate limit (`rate_per_s`)."""
+    limits = [config.scope_limits(scope) for scope in ("global", "tenant", "run")]
+    limits += [spec.limits for spec in config.upstreams.values()]
+    limits += list(config.cost_classes.values())
+    return any(limit.rate_per_s is not None for limit in limits)
+
+
 class Scheduler:
     """Admission for every proxied call; `clock` is monotonic seconds (deadlines use it too)."""
 
@@ -123,6 +131,8 @@ class Scheduler:
         self._pending: dict[int, _Pending] = {}
         self._cooldown_ended: dict[str, asyncio.Event] = {}
         self._cooldown_timers: dict[str, asyncio.TimerHandle] = {}
+        # Without any rate limit configured, pacing has nothing to do: skip it on every call.
+        self._paced = _has_rate_limits(config)
 
     # -- admission -----------------------------------------------------------------------
 
@@ -139,7 +149,7 @@ class Scheduler:
         arrived = self._clock()
         if self._config.mode == "observe":
             return self._observe(req, arrived)
-        waited = await self._pace(req, arrived, on_wait)
+        waited = await self._pace(req, arrived, on_wait) if self._paced else False
         told_cooldown = False
         while True:
             now = self._clock()
@@ -164,7 +174,7 @@ class Scheduler:
         now = self._clock()
         if self._config.mode == "observe":
             return self._observe(req, now)
-        if self._rate(req, now, 0.0).refused_scope is not None:
+        if self._paced and self._rate(req, now, 0.0).refused_scope is not None:
             return None
         decision = self._book.decide(req, now)
         if not isinstance(decision, Admit):
@@ -200,9 +210,10 @@ class Scheduler:
     def _observe(self, req: AdmissionRequest, now: float) -> Slot:
         decision = self._book.decide(req, now)
         would_reject = decision.refusal if isinstance(decision, Reject) else None
-        rate = self._rate(req, now, 0.0)
-        if would_reject is None and rate.refused_scope is not None:
-            would_reject = Refusal("rate_limited", rate.refused_scope, rate.retry_after_s)
+        if self._paced:
+            rate = self._rate(req, now, 0.0)
+            if would_reject is None and rate.refused_scope is not None:
+                would_reject = Refusal("rate_limited", rate.refused_scope, rate.retry_after_s)
         running = self._book.start(req, scopes_for(self._config, req), now)
         return Slot(self, running, queue_wait_s=0.0, decision="admitted", would_reject=would_reject)
 

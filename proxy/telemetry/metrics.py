@@ -124,11 +124,43 @@ def _ledger_entries(r: StateReading) -> list[tuple[Mapping[str, str], float]]:
     return [({"state": state}, value) for state, value in counts.items()]
 
 
+class _Sums:
+    """A counter kept as plain sums on the call path, reported to OTel at collection.
+
+    Adding to an OTel SDK counter costs several microseconds per call (attribute copies, hashing,
+    locks); adding to a dict costs a fraction of one. The totals are cumulative, so the observable
+    counter that reports them exports exactly what a synchronous counter would have.
+    """
+
+    __slots__ = ("_lock", "_totals")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._totals: dict[tuple[tuple[str, str], ...], float] = {}
+
+    def add(self, value: float, attributes: Mapping[str, str]) -> None:
+        key = tuple(attributes.items())
+        with self._lock:
+            self._totals[key] = self._totals.get(key, 0) + value
+
+    def observe(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            totals = list(self._totals.items())
+        return [Observation(total, dict(key)) for key, total in totals]
+
+
 class _Instruments:
     """Every instrument of one meter; rebuilt when the meter provider is rebound."""
 
     def __init__(self, meter: Meter) -> None:
-        c = meter.create_counter
+        def c(name: str, unit: str, description: str) -> _Sums:
+            sums = _Sums()
+            meter.create_observable_counter(name, [sums.observe], unit, description)
+            return sums
+
+        # Attribute mappings built once and shared (never mutated), cleared with the instruments.
+        self.upstream_attrs: dict[str, Mapping[str, str]] = {}
+        self.duration_attrs: dict[tuple[str | None, ...], Mapping[str, str]] = {}
         self.refusals = c("interlock.admission.refusals", "{call}", "Calls refused")
         self.admissions = c(
             "interlock.admission.decisions", "{call}", "Admission decisions by decision and reason"
@@ -270,6 +302,20 @@ def _upstream(name: str) -> str:
     return labels.bounded("upstream", name)
 
 
+_ATTRS_CACHE_MAX = 1024  # upstream names come from the configuration: far fewer in practice
+
+
+def _upstream_attrs(name: str) -> Mapping[str, str]:
+    """`{"upstream": <bounded name>}`, one shared (never mutated) mapping per upstream."""
+    cache = _instruments.upstream_attrs
+    attrs = cache.get(name)
+    if attrs is None:
+        attrs = {"upstream": _upstream(name)}
+        if len(cache) < _ATTRS_CACHE_MAX:
+            cache[name] = attrs
+    return attrs
+
+
 def _refusal_attrs(reason: str, scope: str, upstream: str) -> dict[str, str]:
     return {
         "reason": labels.bounded("reason", reason),
@@ -303,7 +349,7 @@ def rejection_unrecorded(why: str, count: int = 1) -> None:
 
 def retry(upstream: str) -> None:
     """An upstream attempt after the first."""
-    _instruments.retries.add(1, {"upstream": _upstream(upstream)})
+    _instruments.retries.add(1, _upstream_attrs(upstream))
 
 
 def budget_exhausted(tenant: str) -> None:
@@ -313,7 +359,7 @@ def budget_exhausted(tenant: str) -> None:
 
 def cooldown_started(upstream: str) -> None:
     """An upstream answered 429/503 and went into cooldown."""
-    _instruments.cooldowns.add(1, {"upstream": _upstream(upstream)})
+    _instruments.cooldowns.add(1, _upstream_attrs(upstream))
 
 
 def idempotency_outcome(outcome: str, upstream: str) -> None:
@@ -323,12 +369,12 @@ def idempotency_outcome(outcome: str, upstream: str) -> None:
 
 def first_byte(upstream: str, seconds: float) -> None:
     """From admission to the first byte of the upstream's answer."""
-    _instruments.first_byte.record(seconds, {"upstream": _upstream(upstream)})
+    _instruments.first_byte.record(seconds, _upstream_attrs(upstream))
 
 
 def queue_wait(upstream: str, seconds: float) -> None:
     """How long an admitted call waited in the queue."""
-    _instruments.queue_wait.record(seconds, {"upstream": _upstream(upstream)})
+    _instruments.queue_wait.record(seconds, _upstream_attrs(upstream))
 
 
 def token_usage(upstream: str, model: str | None, input_tokens: int, output_tokens: int) -> None:
@@ -350,6 +396,19 @@ def operation_duration(
     transport: str | None = None,
 ) -> None:
     """`mcp.server.operation.duration` of one proxied MCP request (MCP conventions' attributes)."""
+    key = (method, upstream, error_type, tool, transport)
+    cache = _instruments.duration_attrs
+    attrs = cache.get(key)
+    if attrs is None:
+        attrs = _duration_attrs(method, upstream, error_type, tool, transport)
+        if len(cache) < _ATTRS_CACHE_MAX:
+            cache[key] = attrs
+    _instruments.duration.record(seconds, attrs)
+
+
+def _duration_attrs(
+    method: str, upstream: str, error_type: str | None, tool: str | None, transport: str | None
+) -> Mapping[str, str]:
     attrs = {"mcp.method.name": labels.method(method), "upstream": _upstream(upstream)}
     if error_type:
         attrs["error.type"] = labels.bounded("error.type", error_type)
@@ -357,4 +416,4 @@ def operation_duration(
         attrs["gen_ai.tool.name"] = labels.bounded("gen_ai.tool.name", tool)
     if transport:
         attrs["network.transport"] = transport
-    _instruments.duration.record(seconds, attrs)
+    return attrs

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import Counter
 from opentelemetry.sdk.metrics import MeterProvider
@@ -256,6 +255,9 @@ def configure_telemetry(
     for reason in ("queue_full", "export_failed", "shutdown"):
         dropped.add_zero(reason)  # the series exist from the start, so alerts see a 0
     if enabled and settings.enabled and settings.otlp_endpoint:
+        # Loaded only when spans are exported (the exporter and protobuf cost ~3 MB).
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
         gate = _Gate(max(1, settings.max_queue_size))
         otlp = OTLPSpanExporter(
             endpoint=traces_url(settings.otlp_endpoint), timeout=settings.export_timeout_s

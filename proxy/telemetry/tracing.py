@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Mapping, MutableMapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -129,23 +129,29 @@ def _incoming_context(
     return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
 
 
-@contextmanager
 def call_span(
     name: str,
     *,
     attributes: Mapping[str, Any] | None = None,
     headers: Mapping[str, str] | None = None,
     meta: Mapping[str, Any] | None = None,
-) -> Iterator[Span]:
+) -> AbstractContextManager[Span]:
     """The SERVER span of one proxied request, continuing the caller's trace if it sent one.
 
     An exception leaving the block sets `error.type` (its class name) and an error status.
-    With tracing off and no caller's trace to continue, no span is started at all.
+    With tracing off and no caller's trace to continue, no span is started at all (a plain
+    `nullcontext`: this runs on every call).
     """
     parent = _incoming_context(headers, meta)
     if parent is None and not _on:
-        yield INVALID_SPAN
-        return
+        return nullcontext(INVALID_SPAN)
+    return _server_span(name, parent, attributes)
+
+
+@contextmanager
+def _server_span(
+    name: str, parent: otel_context.Context | None, attributes: Mapping[str, Any] | None
+) -> Iterator[Span]:
     with (
         _tracer.start_as_current_span(
             name,
@@ -196,13 +202,12 @@ def trace_carrier() -> dict[str, str]:
     return carrier
 
 
-@contextmanager
 def child_span(
     name: str,
     *,
     attributes: Mapping[str, Any] | None = None,
     kind: SpanKind = SpanKind.INTERNAL,
-) -> Iterator[Span]:
+) -> AbstractContextManager[Span]:
     """A step of the current call (queue wait, ledger write, an upstream attempt).
 
     An exception leaving the block sets `error.type` (its class name) and an error status. When the
@@ -211,8 +216,12 @@ def child_span(
     """
     parent = trace.get_current_span()
     if not parent.is_recording():
-        yield parent
-        return
+        return nullcontext(parent)
+    return _child_span(name, attributes, kind)
+
+
+@contextmanager
+def _child_span(name: str, attributes: Mapping[str, Any] | None, kind: SpanKind) -> Iterator[Span]:
     with (
         _tracer.start_as_current_span(
             name,

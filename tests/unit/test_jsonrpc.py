@@ -394,3 +394,32 @@ async def test_a_plain_event_works_too():
         await asyncio.Event().wait()
     assert trip is not None
     assert trip.absorb()
+
+
+def test_the_transport_names_agree_with_the_sdk() -> None:
+    """The header names and handshake-era versions the proxy keeps are the MCP SDK's own."""
+    from mcp.shared import inbound
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+    from proxy.mcp.wire import headers
+
+    assert headers.MCP_PROTOCOL_VERSION_HEADER == inbound.MCP_PROTOCOL_VERSION_HEADER
+    assert headers.MCP_METHOD_HEADER == inbound.MCP_METHOD_HEADER
+    assert headers.MCP_NAME_HEADER == inbound.MCP_NAME_HEADER
+    assert headers.MCP_PARAM_HEADER_PREFIX == inbound.MCP_PARAM_HEADER_PREFIX
+    assert tuple(headers.HANDSHAKE_PROTOCOL_VERSIONS) == tuple(HANDSHAKE_PROTOCOL_VERSIONS)
+
+
+def test_serving_needs_no_mcp_sdk_import() -> None:
+    """`interlock serve`'s modules load without the MCP SDK (it costs ~30 MB of memory)."""
+    import subprocess
+    import sys
+
+    program = (
+        "import sys, proxy.ops.cli, proxy.app; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mcp', 'mcp_types')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]"

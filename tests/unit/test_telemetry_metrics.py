@@ -126,3 +126,17 @@ def test_handles_have_separate_registries() -> None:
         assert first.registry is not second.registry
     finally:
         second.shutdown()
+
+
+def test_counters_stay_cumulative_across_scrapes(handle: TelemetryHandle) -> None:
+    """A counter kept as sums reports its running total at every scrape, per label set."""
+    key = ("interlock_admission_decisions_total", (("decision", "admitted"), ("upstream", "m")))
+    metrics.admission("admitted", "m")
+    metrics.admission("admitted", "m")
+    assert scrape(handle)[key] == 2
+    metrics.admission("admitted", "m")
+    metrics.admission("queued", "m")
+    samples = scrape(handle)
+    assert samples[key] == 3
+    queued = ("interlock_admission_decisions_total", (("decision", "queued"), ("upstream", "m")))
+    assert samples[queued] == 1

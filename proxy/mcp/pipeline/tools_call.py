@@ -133,6 +133,9 @@ def _server_span(
         tracing.set_attributes(current, attributes)
         yield current
         return
+    if not tracing.tracing_on() and current.get_span_context().is_valid:
+        yield current  # the transport already continues the caller's trace; nothing records
+        return
     name = tracing.mcp_span_name("tools/call", tool)
     with tracing.call_span(name, attributes=attributes, headers=ctx.headers, meta=meta) as span:
         yield span

@@ -9,7 +9,6 @@ response, no answer expected).
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -17,6 +16,7 @@ import aiohttp
 
 from policies.model import UpstreamSpec
 from proxy.errors import UpstreamNotReached
+from proxy.json_codec import loads
 from proxy.mcp.catalog import ParamHeaders
 from proxy.mcp.upstreams.relay import Relay
 from proxy.mcp.upstreams.stdio import StdioProcess
@@ -66,7 +66,7 @@ def _unchanged(message: JsonObject, original: JsonObject | None) -> bool:
 
 def _parsed(raw: bytes | None) -> JsonObject | None:
     # A fresh parse: the pipeline may have edited the client's dict in place.
-    value = json.loads(raw) if raw is not None else None
+    value = loads(raw) if raw is not None else None
     return value if isinstance(value, dict) else None
 
 

@@ -26,8 +26,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from mcp.client.stdio import get_default_environment
-
 from policies.model import UpstreamSpec
 from proxy.errors import UpstreamAnswerTooLarge, UpstreamLost, UpstreamNotReached, UpstreamTimeout
 from proxy.mcp.upstreams.relay import Relay, cancelled_when
@@ -115,6 +113,8 @@ class StdioProcess:
         Raises:
             UpstreamNotReached: the command could not be started.
         """
+        from mcp.client.stdio import get_default_environment  # the SDK only where stdio runs
+
         env = {**get_default_environment(), **self.spec.env}
         try:
             self._proc = await asyncio.create_subprocess_exec(

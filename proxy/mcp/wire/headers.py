@@ -18,18 +18,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mcp.shared.inbound import (
-    MCP_METHOD_HEADER,
-    MCP_NAME_HEADER,
-    MCP_PARAM_HEADER_PREFIX,
-    MCP_PROTOCOL_VERSION_HEADER,
-    NAME_BEARING_METHODS,
-    encode_header_value,
-    mcp_param_headers,
-)
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
-
 __all__ = [
+    "HANDSHAKE_PROTOCOL_VERSIONS",
+    "MCP_METHOD_HEADER",
+    "MCP_NAME_HEADER",
+    "MCP_PARAM_HEADER_PREFIX",
     "MCP_PROTOCOL_VERSION_HEADER",
     "MCP_SESSION_ID_HEADER",
     "client_response_headers",
@@ -39,6 +32,15 @@ __all__ = [
 ]
 
 MCP_SESSION_ID_HEADER = "mcp-session-id"
+# The MCP specification's transport names (the SDK's `mcp.shared.inbound` has the same; importing
+# it loads the whole SDK, ~30 MB, so the request path keeps its own copy of the names).
+# tests/unit/test_jsonrpc.py checks they agree with the SDK.
+MCP_PROTOCOL_VERSION_HEADER = "mcp-protocol-version"
+MCP_METHOD_HEADER = "mcp-method"
+MCP_NAME_HEADER = "mcp-name"
+MCP_PARAM_HEADER_PREFIX = "Mcp-Param-"
+HANDSHAKE_PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+"""The protocol versions of the handshake (session) era; any other version is stateless-era."""
 _PARAM_PREFIX = MCP_PARAM_HEADER_PREFIX.lower()
 
 _TO_UPSTREAM = frozenset(
@@ -121,6 +123,9 @@ def modern_routing_headers(
     `Mcp-Param-*` headers stay; when they changed they are rebuilt from the tool's schema
     (`param_header_map`, learned from `tools/list`), or dropped if the schema is unknown.
     """
+    # Loaded on first use: only a modern request the pipeline changed needs the SDK's codec.
+    from mcp.shared.inbound import NAME_BEARING_METHODS, encode_header_value, mcp_param_headers
+
     out = dict(headers)
     method = message.get("method")
     params = _params(message)

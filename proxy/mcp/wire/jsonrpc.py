@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from policies.answers import CODE_INVALID_REQUEST, CODE_PARSE_ERROR, Answer, bad_request
 from policies.json_limits import MAX_JSON_DEPTH, nests_deeper_than
+from proxy.json_codec import loads
 
 __all__ = [
     "Body",
@@ -76,7 +77,7 @@ def wire_bytes(message: Mapping[str, Any]) -> bytes:
     The comparison re-reads `raw` so that a message the pipeline edited in place (even deep
     inside `result`) is re-encoded, never sent stale.
     """
-    if isinstance(message, WireMessage) and json.loads(message.raw) == message:
+    if isinstance(message, WireMessage) and loads(message.raw) == message:
         return message.raw
     return dumps(message)
 
@@ -142,7 +143,7 @@ def parse_body(raw: bytes) -> Body:
         InvalidBody: not JSON (-32700), or JSON that is not JSON-RPC 2.0 (-32600).
     """
     try:
-        value = json.loads(raw)
+        value = loads(raw)
     except (ValueError, RecursionError):
         # ValueError covers bad UTF-8 and huge integer literals as well as JSONDecodeError.
         raise InvalidBody(
@@ -224,7 +225,7 @@ def kind_of(message: Mapping[str, Any]) -> MessageKind | None:
 def read_upstream_message(raw: bytes | str) -> WireMessage | None:
     """Parse one upstream message (SSE `data` or a stdio line); `None` if it is not one."""
     try:
-        value = json.loads(raw)
+        value = loads(raw)
     except (ValueError, RecursionError):
         return None
     if not isinstance(value, dict) or kind_of(value) is None:

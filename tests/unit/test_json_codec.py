@@ -1,0 +1,52 @@
+"""`proxy.json_codec.loads` accepts what `json.loads` accepts and returns equal values."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.json_codec import loads
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda children: st.lists(children) | st.dictionaries(st.text(), children),
+    max_leaves=20,
+)
+
+
+@given(_JSON)
+def test_any_document_reads_as_the_standard_parser_reads_it(value: object) -> None:
+    """Every JSON document (integers of any size included) parses to the same value."""
+    for text in (json.dumps(value), json.dumps(value, ensure_ascii=False)):
+        expected = json.loads(text)
+        got = loads(text.encode("utf-8", "surrogatepass"))
+        assert got == expected
+        assert repr(got) == repr(expected)  # 1 stays 1, not 1.0
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"123456789012345678901234567890",
+        b'{"id": -98765432109876543210}',
+        b'"\\ud800"',
+        b"[1e400, -1e400]",
+        b'{"a": 1, "a": 2}',
+    ],
+)
+def test_what_orjson_reads_differently_is_read_as_json_does(raw: bytes) -> None:
+    """Long integers stay exact, lone surrogates and overflowing floats are kept as json does."""
+    assert repr(loads(raw)) == repr(json.loads(raw))
+
+
+def test_nan_literals_and_invalid_input_behave_as_json() -> None:
+    """NaN is accepted as json accepts it; invalid JSON and bad UTF-8 raise ValueError."""
+    assert math.isnan(loads(b"NaN"))
+    with pytest.raises(ValueError):
+        loads(b"{")
+    with pytest.raises(ValueError):
+        loads(b'"\xff"')
