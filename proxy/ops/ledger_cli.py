@@ -22,10 +22,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from ledger import (
     DEFAULT_MAX_ATTEMPTS,
@@ -41,6 +38,10 @@ from ledger import (
 )
 from policies.model import LedgerSettings
 
+if TYPE_CHECKING:  # rich is imported only when a ledger command runs (`serve` never needs it)
+    from rich.console import Console
+    from rich.table import Table
+
 __all__ = ["EXIT_REFUSED", "EXIT_UNAVAILABLE", "add_ledger_parser", "main", "run_ledger_command"]
 
 EXIT_OK = 0
@@ -49,7 +50,7 @@ EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_Handler = Callable[[argparse.Namespace, LedgerSettings, Console], Coroutine[Any, Any, int]]
+_Handler = Callable[[argparse.Namespace, LedgerSettings, "Console"], Coroutine[Any, Any, int]]
 
 
 def add_ledger_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -108,6 +109,8 @@ def add_ledger_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 def run_ledger_command(args: argparse.Namespace, settings: LedgerSettings) -> int:
     """Run the parsed `ledger` subcommand against `settings.url`; return the exit status."""
     # Piped output is read by people later (logs, tickets): do not cut it to 80 columns.
+    from rich.console import Console
+
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     handler = _HANDLERS[args.ledger_command]
     try:
@@ -147,6 +150,8 @@ async def _cmd_list(args: argparse.Namespace, settings: LedgerSettings, out: Con
     if args.json:
         _print_json([entry_json(e) for e in entries])
         return EXIT_OK
+    from rich.table import Table
+
     table = Table("id", "state", "attempt", "tenant", "upstream", "tool", "key", "updated", "why")
     for e in entries:
         table.add_row(
@@ -206,6 +211,8 @@ async def _cmd_stats(args: argparse.Namespace, settings: LedgerSettings, out: Co
         _print_json(rows)
         return EXIT_OK
     states = [s.value for s in EntryState]
+    from rich.table import Table
+
     table = Table("upstream", *states, "total")
     for upstream in sorted({u for _, u in counts}):
         row = [counts.get((s, upstream), 0) for s in states]
@@ -267,6 +274,8 @@ _HANDLERS: dict[str, _Handler] = {
 
 def _entry_table(entry: EntryView) -> Table:
     data = entry_json(entry)
+    from rich.table import Table
+
     table = Table("field", "value", title=f"entry {entry.id}")
     for name in (
         "state", "attempt", "tenant", "upstream", "tool", "idempotency_key", "key_source",
@@ -282,6 +291,8 @@ def _entry_table(entry: EntryView) -> Table:
 
 
 def _history_table(history: Sequence[TransitionView]) -> Table:
+    from rich.table import Table
+
     table = Table("at", "from", "to", "attempt", "token", "actor", "reason", "evidence")
     for t in history:
         evidence = "" if t.evidence is None else json.dumps(t.evidence, sort_keys=True)

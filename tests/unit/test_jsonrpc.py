@@ -423,3 +423,18 @@ def test_serving_needs_no_mcp_sdk_import() -> None:
         [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_serving_needs_no_rich_import() -> None:
+    """The ledger commands' tables (rich) are loaded only when a ledger command runs."""
+    import subprocess
+    import sys
+
+    program = (
+        "import sys, proxy.ops.cli, proxy.app; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rich'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]"
