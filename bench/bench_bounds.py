@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import sys
 import tempfile
 import textwrap
@@ -26,7 +25,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from bench.common import Table, bench_process
+from bench.common import Table, bench_process, free_port
 
 __all__ = ["run"]
 
@@ -36,12 +35,6 @@ _MODERN = {
     "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
     "io.modelcontextprotocol/clientCapabilities": {},
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _upstream_app(size: int) -> web.Application:
@@ -101,7 +94,7 @@ async def _drain(response: aiohttp.ClientResponse) -> int:
 async def _run(quick: bool) -> list[Table]:
     size = (64 if quick else 300) * _MB
     flood = 1500 if quick else 3000
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     table = Table(
         title="Bounds: what one abusive client costs interlock serve",

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sys
 import tempfile
 import textwrap
@@ -36,7 +35,7 @@ import aiohttp
 import psutil
 from aiohttp import web
 
-from bench.common import Table, bench_process, connections_seen, count_connections, cpu_s
+from bench.common import Table, bench_process, connections_seen, count_connections, cpu_s, free_port
 
 __all__ = ["run"]
 
@@ -72,12 +71,6 @@ class Cell:
 
 
 # ---------------------------------------------------------------------------- processes
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _process(args: list[str], ready_url: str) -> AbstractAsyncContextManager[psutil.Process]:
@@ -146,8 +139,8 @@ async def _run(quick: bool) -> list[Table]:
     rounds = 1 if quick else 2
     concurrency = _CONCURRENCY
     bodies = {"json": json.dumps(_CHAT).encode(), "stream": json.dumps(_STREAM).encode()}
-    provider_port, bare_port, proxy_port = _free_port(), _free_port(), _free_port()
-    asyncio_port = _free_port()
+    provider_port, bare_port, proxy_port = free_port(), free_port(), free_port()
+    asyncio_port = free_port()
     provider_url = f"http://127.0.0.1:{provider_port}"
     routes: dict[str, str] = {
         "direct": f"{provider_url}/v1/chat/completions",

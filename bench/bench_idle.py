@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import sys
 import tempfile
 import textwrap
@@ -28,7 +27,7 @@ from pathlib import Path
 import psutil
 
 from bench import bench_http, bench_mcp
-from bench.common import Table, bench_process, rss_mb
+from bench.common import Table, bench_process, free_port, rss_mb
 from bench.mcp_upstream import counted_upstream
 
 __all__ = ["run"]
@@ -36,12 +35,6 @@ __all__ = ["run"]
 _GOAL_MB = 60.0
 _SETTLE_S = 1.0  # idle pause before each reading: let the loop finish closing what the run left
 _CONCURRENCY = 32
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _config(folder: Path, port: int, mcp: str, provider: str) -> Path:
@@ -63,7 +56,7 @@ def _config(folder: Path, port: int, mcp: str, provider: str) -> Path:
 
 @contextlib.asynccontextmanager
 async def _provider() -> AsyncIterator[str]:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "bench.bench_http", "--provider", str(port)]
     async with bench_process(argv, f"{url}/v1/models"):
@@ -95,14 +88,14 @@ async def _run(quick: bool) -> list[Table]:
     calls = 300 if quick else 1000
     rows: list[list[str]] = []
     async with counted_upstream() as (mcp, mcp_base), _provider() as provider:
-        port = _free_port()
+        port = free_port()
         floor_argv = [sys.executable, "-m", "bench.bench_http", "--bare", str(port), provider]
         async with bench_process(floor_argv, f"http://127.0.0.1:{port}/v1/models") as floor:
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             start, after = await _measure(floor, url, None, provider, calls)
             rows.append(["floor (bare aiohttp)", f"{start:.1f}", f"{after:.1f}", "—"])
         with tempfile.TemporaryDirectory(prefix="interlock-bench-idle-") as tmp:
-            port = _free_port()
+            port = free_port()
             config = _config(Path(tmp), port, mcp, provider)
             program = "import sys; from proxy.ops.cli import main; sys.exit(main())"
             argv = [sys.executable, "-c", program, "serve", "--config", str(config)]

@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import socket
 import statistics
 import sys
 import tempfile
@@ -40,7 +39,7 @@ from typing import Any
 import psutil
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
-from bench.common import Table, bench_process, connections_seen, cpu_s
+from bench.common import Table, bench_process, connections_seen, cpu_s, free_port
 from bench.mcp_upstream import counted_upstream
 
 __all__ = ["run"]
@@ -82,12 +81,6 @@ class Result:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 _process = bench_process
 
 
@@ -113,7 +106,7 @@ async def _interlock(
 ) -> AsyncIterator[tuple[str, psutil.Process]]:
     """`interlock serve`; `transport_only` swaps the tools/call pipeline for a pass-through."""
     with tempfile.TemporaryDirectory(prefix="interlock-bench-mcp-") as tmp:
-        port = _free_port()
+        port = free_port()
         config = _interlock_config(Path(tmp), port, upstream)
         serve = ["serve", "--config", str(config), "--loop", loop]
         if transport_only:
@@ -127,7 +120,7 @@ async def _interlock(
 
 @contextlib.asynccontextmanager
 async def _bare(upstream: str) -> AsyncIterator[tuple[str, psutil.Process]]:
-    port = _free_port()
+    port = free_port()
     args = [sys.executable, "-m", "bench.bench_mcp", "--bare", str(port), upstream]
     async with _process(args, f"http://127.0.0.1:{port}/healthz") as proc:
         yield f"http://127.0.0.1:{port}/mcp", proc

@@ -38,8 +38,7 @@ from typing import Any
 
 import psutil
 
-from bench.bench_mcp import _cpu_s, _free_port
-from bench.common import Table, bench_process
+from bench.common import Table, bench_process, cpu_s, free_port
 from bench.overload_clients import BACKGROUND, CLIENTS, LoopLag, Outcomes, closed_loop, paced, pct
 
 __all__ = ["run"]
@@ -138,11 +137,11 @@ async def _round(url: str, proc: psutil.Process, quick: bool) -> Round:
     overload_s = 8.0 if quick else 10.0
     calibration = await closed_loop(url, _MAX_RUNNING, calibrate_s)
     rate = _OVERLOAD * calibration.completions / calibrate_s
-    cpu_before = _cpu_s(proc)
+    cpu_before = cpu_s(proc)
     lag = LoopLag()
     overload, wall = await paced(url, rate, overload_s)
     lag.stop()
-    cpu = _cpu_s(proc) - cpu_before
+    cpu = cpu_s(proc) - cpu_before
     return Round(calibration, calibrate_s, overload, wall, cpu, lag.p99_s, os.getloadavg()[0])
 
 
@@ -159,7 +158,7 @@ async def _measure(quick: bool) -> tuple[list[Variant], set[str], int, tuple[flo
             for n, variant in enumerate(variants):
                 folder = Path(tmp) / str(n)
                 folder.mkdir()
-                port = _free_port()
+                port = free_port()
                 config = _config(folder, port, upstream.url)
                 args = _serve_args(config, records=variant.records)
                 ready = f"http://127.0.0.1:{port}/healthz"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import statistics
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from pathlib import Path
 import psutil
 from aiohttp import ClientSession, web
 
-from bench.common import Table, bench_process
+from bench.common import Table, bench_process, free_port
 from tests.integration.otlp_receiver import OtlpReceiver
 
 __all__ = ["run"]
@@ -53,12 +52,6 @@ class Result:
     def percentile(self, q: float) -> float:
         ordered = sorted(self.latencies_s)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.asynccontextmanager
@@ -142,7 +135,7 @@ async def _drive(base: str, kind: str, calls: int, proc: psutil.Process) -> Resu
 async def _scenario(
     folder: Path, upstream: str, telemetry: str, kinds: list[str], calls: int
 ) -> dict[str, Result]:
-    port = _free_port()
+    port = free_port()
     config = _config(folder, port, upstream, telemetry)
     results: dict[str, Result] = {}
     async with _proxy(config, port) as proc:
@@ -163,7 +156,7 @@ async def _run(quick: bool) -> list[Table]:
             "off": "{enabled: false}",
             "on → receiver": f'{{otlp_endpoint: "{receiver.endpoint}"}}',
             "on, collector down": (
-                f'{{otlp_endpoint: "http://127.0.0.1:{_free_port()}", export_timeout_s: 1}}'
+                f'{{otlp_endpoint: "http://127.0.0.1:{free_port()}", export_timeout_s: 1}}'
             ),
         }
         results: dict[str, dict[str, Result]] = {}

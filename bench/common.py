@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -25,6 +26,7 @@ __all__ = [
     "connections_seen",
     "count_connections",
     "cpu_s",
+    "free_port",
     "rss_mb",
 ]
 
@@ -77,6 +79,13 @@ async def _wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
                         return
             await asyncio.sleep(0.1)  # polling a starting process, bounded by the deadline
     raise RuntimeError(f"{url} did not become ready within {_START_TIMEOUT_S} s")
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (every process the benchmarks start listens on loopback)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def cpu_s(proc: psutil.Process) -> float:

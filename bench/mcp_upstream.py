@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
-from bench.common import CONNECTIONS_PATH, bench_process
+from bench.common import CONNECTIONS_PATH, bench_process, free_port
 
 __all__ = ["counted_upstream"]
 
@@ -62,16 +61,10 @@ def _serve(port: int) -> None:
     asyncio.run(uvicorn.Server(config).serve())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.asynccontextmanager
 async def counted_upstream() -> AsyncIterator[tuple[str, str]]:
     """Run the upstream; yield (MCP endpoint URL, base URL for `connections_seen`)."""
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "bench.mcp_upstream", str(port)]
     async with bench_process(argv, f"{base}/healthz"):
