@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger import deferred_queries
+from ledger.deferred_input import AwaitInput, InputResult, ProvideInput
 from ledger.deferred_ops import (
     CancelDeferred,
     CancelResult,
@@ -148,9 +149,33 @@ class DeferredWork:
         entry: EntryView = await self._submit(op)
         return entry
 
+    async def await_input(
+        self, entry_id: str, token: int, *, question: bytes, max_bytes: int
+    ) -> EntryView:
+        """The attempt's tool asked for input (nothing ran): running → rejected, keeping the
+        request and `question` (kept up to `max_bytes`) until `provide_input`.
+
+        Raises:
+            StaleToken, IllegalTransition, EntryNotFound, LedgerUnavailable: as `finish`.
+        """
+        entry: EntryView = await self._submit(AwaitInput(entry_id, token, question, max_bytes))
+        return entry
+
+    async def provide_input(
+        self, entry_id: str, token: int, *, request: bytes, actor: str
+    ) -> InputResult:
+        """The answers of work waiting for input (read at fencing token `token`): `request`
+        replaces its request and it goes back in line (rejected → accepted).
+
+        Raises:
+            EntryNotFound, LedgerUnavailable.
+        """
+        result: InputResult = await self._submit(ProvideInput(entry_id, token, request, actor))
+        return result
+
     async def cancel(self, entry_id: str, *, actor: str, reason: str) -> CancelResult:
         """Refuse waiting work for good (a caller's cancel, or a request that cannot run any
-        more); work that started or finished is left as it is.
+        more), or work waiting for input; work that started or finished is left as it is.
 
         Raises:
             EntryNotFound, LedgerUnavailable.

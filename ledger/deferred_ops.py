@@ -6,7 +6,8 @@ running under a fresh lease, as any call's claim), taken by exactly one replica:
 with `FOR UPDATE SKIP LOCKED` on PostgreSQL, so a row another replica is claiming is skipped, and
 the decision is made on the row as committed. `Requeue` puts an attempt that certainly did not run
 back in line (running → rejected → accepted); `FinishDeferred` records the result and forgets the
-request; `CancelDeferred` refuses work that has not started (accepted → rejected).
+request; `CancelDeferred` refuses work that has not started (accepted → rejected), or work that
+waits for input. Work waiting for input is `ledger.deferred_input`'s.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ledger.views import ClaimRequest, EntryView, Outcome
 
 __all__ = [
     "CANCELLED",
+    "INPUT_REQUIRED",
     "CancelDeferred",
     "CancelKind",
     "CancelResult",
@@ -43,11 +45,14 @@ __all__ = [
     "NoteUpstreamTask",
     "Requeue",
     "new_task_id",
+    "waits_for_input",
 ]
 
 _S = EntryState
 CANCELLED = "cancelled"
 """The `error` of deferred work its caller cancelled before it started."""
+INPUT_REQUIRED = "input_required"
+"""The `error` of deferred work parked until its caller answers the tool's question."""
 
 DeferKind = Literal[
     "accepted", "existing", "replay", "mismatch", "needs_reconciliation", "in_progress", "full"
@@ -81,6 +86,11 @@ class CancelResult:
 
     kind: CancelKind
     entry: EntryView
+
+
+def waits_for_input(row: EntryRow) -> bool:
+    """Parked by `AwaitInput` and not answered (nor cancelled) since."""
+    return row.state == _S.REJECTED and row.error == INPUT_REQUIRED and row.request is not None
 
 
 def _count(ws: WorkingSet, name: str, key: str) -> int:
@@ -277,6 +287,14 @@ class CancelDeferred:
     def apply(self, ws: WorkingSet, ctx: OpContext) -> CancelResult:
         row = _get(ws, self.entry_id)
         state = _S(row.state)
+        if waits_for_input(row):
+            row.request = None
+            row.fencing_token += 1
+            row.error = self.reason
+            row.finished_at = ctx.now
+            ws.touch(row, ctx.now)
+            ws.record(row, _S.REJECTED, at=ctx.now, actor=self.actor, reason=self.reason)
+            return CancelResult("cancelled", row.view())
         if state is not _S.ACCEPTED or row.request is None:
             over = state in TERMINAL or state is _S.REJECTED
             return CancelResult("finished" if over else "started", row.view())

@@ -1,0 +1,95 @@
+"""Deferred work whose tool asked its user for input (the 2026-07-28 tasks extension's
+`input_required`): `AwaitInput` parks the attempt (running → rejected: nothing ran) keeping the
+request and, as the outcome, the upstream's question; `ProvideInput` puts it back in line with the
+request that carries the answers (rejected → accepted), to run as its next attempt. A caller's
+`CancelDeferred` ends work that waits for input too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ledger.batch import Needs, OpContext, WorkingSet, stored_outcome
+from ledger.deferred_ops import INPUT_REQUIRED, _bump, waits_for_input
+from ledger.errors import IllegalTransition
+from ledger.operations import _expire_if_lapsed, _get, _refuse_stale
+from ledger.states import EntryState
+from ledger.views import EntryView
+
+__all__ = ["AwaitInput", "InputKind", "InputResult", "ProvideInput"]
+
+_S = EntryState
+InputKind = Literal["accepted", "not_waiting"]
+
+
+@dataclass(frozen=True, slots=True)
+class InputResult:
+    """ "accepted": the answers are in its request and it is back in line; "not_waiting": it
+    was not waiting for input (or waits for a newer question than the one answered)."""
+
+    kind: InputKind
+    entry: EntryView
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitInput:
+    """The deferred attempt's tool asked its user for input, so nothing was done: running →
+    rejected under `INPUT_REQUIRED`, keeping the request (to re-send with the answers) and, as
+    the outcome, the upstream's question (up to `max_bytes`)."""
+
+    entry_id: str
+    token: int
+    question: bytes
+    max_bytes: int
+
+    def declare(self, needs: Needs) -> None:
+        needs.ids.add(self.entry_id)
+
+    def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView:
+        row = _get(ws, self.entry_id)
+        _expire_if_lapsed(ws, row, ctx, actor=ctx.owner)
+        if self.token != row.fencing_token:
+            raise _refuse_stale(ws, row, ctx, self.token, {"op": "await_input"})
+        if row.state != _S.RUNNING or row.request is None:
+            raise IllegalTransition(
+                row.id, row.state, _S.REJECTED, "only running deferred work waits for input"
+            )
+        row.state = _S.REJECTED
+        row.fencing_token += 1
+        row.lease_expires_at = None
+        row.outcome, row.outcome_hash, row.outcome_retained = stored_outcome(
+            self.question, self.max_bytes
+        )
+        row.error, row.retry_after_s = INPUT_REQUIRED, None
+        ws.touch(row, ctx.now)
+        ws.record(row, _S.RUNNING, at=ctx.now, actor=ctx.owner, reason=INPUT_REQUIRED)
+        return row.view()
+
+
+@dataclass(frozen=True, slots=True)
+class ProvideInput:
+    """The caller answered the question of the entry it read at fencing token `token`: its
+    request becomes `request` (the one carrying the answers) and it goes back in line
+    (rejected → accepted). Anything else (not waiting, or a newer question) is "not_waiting"."""
+
+    entry_id: str
+    token: int
+    request: bytes
+    actor: str
+
+    def declare(self, needs: Needs) -> None:
+        needs.ids.add(self.entry_id)
+
+    def apply(self, ws: WorkingSet, ctx: OpContext) -> InputResult:
+        row = _get(ws, self.entry_id)
+        if not waits_for_input(row) or row.fencing_token != self.token:
+            return InputResult("not_waiting", row.view())
+        row.state = _S.ACCEPTED
+        row.request = self.request
+        row.outcome, row.outcome_hash, row.outcome_retained = None, None, True
+        row.error, row.retry_after_s = None, None
+        ws.touch(row, ctx.now)
+        _bump(ws, row, 1)
+        ws.record(row, _S.REJECTED, at=ctx.now, actor=self.actor, reason="input_provided")
+        return InputResult("accepted", row.view())
