@@ -22,6 +22,7 @@ from policies.model import Config, WorkClass
 
 __all__ = [
     "CANCELLED_ERROR",
+    "INPUT_REQUIRED_ERROR",
     "RELATED_TASK_META",
     "TASKS_EXTENSION",
     "OutcomeKind",
@@ -42,6 +43,9 @@ TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 RELATED_TASK_META = "io.modelcontextprotocol/related-task"
 CANCELLED_ERROR = "cancelled"
 """The ledger `error` of deferred work its caller cancelled (`ledger.deferred_ops.CANCELLED`)."""
+INPUT_REQUIRED_ERROR = "input_required"
+"""The ledger `error` of deferred work waiting for its caller's input
+(`ledger.deferred_ops.INPUT_REQUIRED`)."""
 
 TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
 OutcomeKind = Literal["result", "error"]
@@ -120,7 +124,9 @@ def task_state(
     JSON-RPC error. The 2025-11-25 revision calls a task `failed` when its tool result has
     `isError: true`; the 2026-07-28 extension calls that `completed` (the result carries it) and
     keeps `failed` for a JSON-RPC error. An entry whose outcome is unknown (or blocked) is
-    `failed`: it will not finish by itself; an operator's reconciliation decides it.
+    `failed`: it will not finish by itself; an operator's reconciliation decides it. Work
+    parked because its tool asked for input (rejected, `INPUT_REQUIRED_ERROR`) is
+    `input_required` until its caller answers.
     """
     if state == "accepted":
         return TaskState("working", "Accepted: waiting for its turn to start.")
@@ -140,6 +146,11 @@ def task_state(
         )
     if state == "blocked":
         return TaskState("failed", "Blocked: it needs reconciliation by an operator.")
+    if error == INPUT_REQUIRED_ERROR:
+        return TaskState(
+            "input_required",
+            "The tool asked for input; answer its inputRequests with tasks/update.",
+        )
     if error == CANCELLED_ERROR:
         return TaskState("cancelled", "Cancelled before it started; it never ran.")
     return TaskState("failed", f"Refused; it never ran ({error or 'refused'}).")

@@ -91,6 +91,18 @@ class DeferredJob:
 
         await self._record(state, write)
 
+    async def await_input(self, question: bytes) -> None:
+        """The tool asked its user for input (it did not act): the entry waits, with its request
+        and `question`, until its caller answers (`tasks/update`)."""
+        cap = self.app[CONFIG].deferred.max_result_bytes
+
+        async def write() -> EntryView:
+            return await self.store.deferred.await_input(
+                self.lease.entry_id, self.lease.token, question=question, max_bytes=cap
+            )
+
+        await self._record("rejected", write)
+
     async def unknown(self, reason: str) -> None:
         """It may have acted and its answer is lost: unknown, never re-sent by the proxy."""
 

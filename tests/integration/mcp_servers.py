@@ -15,7 +15,11 @@ One `MCPServer` (`build_server()`) with the tools the proxy's tests need:
 - `charge(amount)` / `refund(amount)` - two side-effecting tools (no annotations) taking the same
   arguments, each counted in `calls`;
 - `get_current_time()` - no arguments, no annotations; answers with how often it ran;
-- `set_flag(value)` - `idempotentHint: true` (repeating it is harmless), counted in `calls`.
+- `set_flag(value)` - `idempotentHint: true` (repeating it is harmless), counted in `calls`;
+- `confirm_send(to)` - 2026-07-28 multi-round (MRTR): without `inputResponses` it answers
+  `resultType: "input_required"` (an elicitation keyed `confirm`, `requestState` "confirm-1");
+  re-sent with the answer and that state it completes, counted in `calls["confirm_send_done"]`
+  (every round in `calls["confirm_send"]`).
 
 HTTP mode adds plain routes: `GET /healthz`, `GET /stats` (the counters, plus `mcp_requests`: how
 many HTTP requests reached `/mcp`, `http_methods`: those by HTTP method, and `last_headers`: the
@@ -59,6 +63,7 @@ from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
+from mcp_types import ElicitRequest, ElicitRequestFormParams, InputRequiredResult
 from pydantic import BaseModel
 
 __all__ = [
@@ -201,6 +206,22 @@ def build_server(state: _State | None = None, name: str = "interlock-test-upstre
         """Set a flag (idempotent: setting it twice is setting it once)."""
         st.calls["set_flag"] += 1
         return f"flag = {value}"
+
+    @server.tool(annotations=ToolAnnotations(destructive_hint=True, idempotent_hint=False))
+    async def confirm_send(ctx: Context, to: str) -> str | InputRequiredResult:
+        """Send after the user confirms (asks for it with `input_required`)."""
+        st.calls["confirm_send"] += 1
+        responses = ctx.input_responses
+        if not responses or ctx.request_state != "confirm-1":
+            schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+            ask = ElicitRequest(
+                params=ElicitRequestFormParams(message=f"Send to {to}?", requested_schema=schema)
+            )
+            return InputRequiredResult(input_requests={"confirm": ask}, request_state="confirm-1")
+        answer = responses.get("confirm")
+        action = getattr(answer, "action", None) or (answer or {}).get("action")
+        st.calls["confirm_send_done"] += 1
+        return f"confirmed send to {to} ({action})"
 
     @server.tool()
     async def die() -> str:

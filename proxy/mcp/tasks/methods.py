@@ -5,8 +5,10 @@ what the call would have answered, marked with the related task), `tasks/list` (
 tasks, newest first, by cursor) and `tasks/cancel` (a task that has not started is cancelled
 and never runs; one that started or finished is refused with -32602).
 2026-07-28 (the tasks extension, for a request that declares it; otherwise -32021): `tasks/get`
-with the result inline, `tasks/cancel` and `tasks/update` (acknowledged; a deferred call never
-asks for input); `tasks/result` and `tasks/list` do not exist there (-32601).
+with the result inline (or, for a task whose tool asked for input, `input_required` with the
+upstream's `inputRequests`), `tasks/cancel`, and `tasks/update`, whose `inputResponses` answer a
+task in `input_required`: it goes back in line and runs again with them (`proxy.mcp.tasks.input`);
+any other task is refused with -32602. `tasks/result` and `tasks/list` do not exist there (-32601).
 
 Tasks are read and cancelled only by the tenant that created them, at the upstream they were
 created for: any other caller is told the task does not exist. A task id the ledger does not know
@@ -30,6 +32,7 @@ from policies.attributes import BadAttribute, read_attributes
 from proxy.mcp.catalog import runs_tasks
 from proxy.mcp.pipeline.deferral import task_view
 from proxy.mcp.pipeline.outcomes import stored_answer
+from proxy.mcp.tasks.input import answered_request, input_requests, waits_for_input
 from proxy.mcp.transport.context import PostContext
 from proxy.mcp.upstreams.relay import ClientGone
 from proxy.mcp.wire.jsonrpc import JsonObject, Message
@@ -87,7 +90,7 @@ async def handle_task_request(pc: PostContext, message: Message) -> web.StreamRe
         entry = await _find(pc, store, tenant, message.params)
         if entry is None:
             return None
-        result = await _answer(pc, store, entry, method, line, tenant)
+        result = await _answer(pc, store, entry, method, line, tenant, message.params)
     except _Refused as refused:
         return await _reply(pc, message, error=refused.answer)
     return await _reply(pc, message, result)
@@ -124,8 +127,11 @@ async def _find(
     if entry is None:
         try:
             owner = await store.deferred.upstream_task_owner(pc.spec.name, task_id)
+            theirs = owner is None and await store.deferred.task_owner(task_id) is not None
         except LedgerError as exc:
             raise _Refused(answers.ledger_unavailable(str(exc))) from exc
+        if theirs:  # the proxy's own task, another tenant's: not forwarded, not found
+            raise _Refused(answers.task_not_found(task_id))
         if owner == tenant:
             return None  # the upstream's own task, created for this tenant's call
         if owner is None and (pc.modern or runs_tasks(pc.app, pc.spec.name)):
@@ -134,7 +140,13 @@ async def _find(
 
 
 async def _answer(
-    pc: PostContext, store: LedgerStore, entry: EntryView, method: str, line: TaskLine, tenant: str
+    pc: PostContext,
+    store: LedgerStore,
+    entry: EntryView,
+    method: str,
+    line: TaskLine,
+    tenant: str,
+    params: dict[str, Any],
 ) -> JsonObject:
     config = pc.app[CONFIG]
     task_id = entry.task_id or ""
@@ -142,6 +154,7 @@ async def _answer(
         entry = await _cancel(store, entry, tenant, finished_is_error=line == "core")
         return core_task(task_view(config, entry, line)) if line == "core" else _ack()
     if method == "tasks/update":
+        await _update(store, entry, tenant, params)
         return _ack()
     if method == "tasks/result":
         entry = await _until_done(pc, store, entry, tenant)
@@ -152,11 +165,50 @@ async def _answer(
     detailed: JsonObject = {"resultType": "complete", **extension_task(view)}
     if view.status in ("completed", "failed"):
         detailed.update(_inline(entry))
+    elif view.status == "input_required":
+        detailed["inputRequests"] = input_requests(entry)
     return detailed
 
 
 def _ack() -> JsonObject:
     return {"resultType": "complete"}
+
+
+async def _update(
+    store: LedgerStore, entry: EntryView, tenant: str, params: dict[str, Any]
+) -> None:
+    """`tasks/update`: the caller's answers to a task waiting for input put it back in line."""
+    task_id = entry.task_id or ""
+    responses = params.get("inputResponses")
+    if not isinstance(responses, dict):
+        raise _Refused(
+            answers.bad_request(
+                answers.CODE_INVALID_PARAMS, "invalid_params", "inputResponses (an object) required"
+            )
+        )
+    if not waits_for_input(entry):
+        raise _Refused(_not_waiting(task_id, str(entry.state)))
+    try:
+        request = answered_request(entry, responses)
+        result = await store.deferred.provide_input(
+            entry.id, entry.fencing_token, request=request, actor=f"tenant:{tenant}"
+        )
+    except ValueError as exc:
+        raise _Refused(_not_waiting(task_id, str(entry.state))) from exc
+    except LedgerError as exc:
+        raise _Refused(answers.ledger_unavailable(str(exc))) from exc
+    if result.kind != "accepted":
+        raise _Refused(_not_waiting(task_id, str(result.entry.state)))
+
+
+def _not_waiting(task_id: str, state: str) -> Answer:
+    return Answer(
+        code=answers.CODE_INVALID_PARAMS,
+        http_status=409,
+        message="The task is not waiting for input; only a task in input_required takes "
+        "inputResponses.",
+        data={"reason": "task_not_waiting_for_input", "task_id": task_id, "state": state},
+    )
 
 
 async def _cancel(

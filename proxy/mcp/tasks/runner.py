@@ -6,8 +6,10 @@ result, a JSON-RPC error) is kept as the task's result; a side effect that may h
 whose answer was lost (timeout, lost connection, a 5xx that proves nothing) is `unknown`; a call
 that certainly did not run (not reached, 429, the upstream's `not_executed_statuses`, a session
 the upstream forgot) goes back in line. A read-only call that was lost is put back in line too:
-repeating it is harmless. A call that asks its user for input cannot be answered (nobody is
-listening): it fails, saying so.
+repeating it is harmless. A call whose tool asks its user for input (`resultType:
+"input_required"`) did not act: on the 2026-07-28 extension line the task waits for its caller's
+answers (`input_required`, the upstream's `inputRequests` shown by `tasks/get`; `tasks/update`
+puts it back in line); on the 2025-11-25 line (no way to answer) it fails, saying so.
 """
 
 from __future__ import annotations
@@ -163,6 +165,11 @@ class McpRunner:
     async def _answered(self, job: DeferredJob, response: JsonObject) -> None:
         result = response.get("result")
         if isinstance(result, dict) and result.get("resultType") == "input_required":
+            question = encode_outcome(response)
+            cap = self._app[CONFIG].deferred.max_result_bytes
+            if job.envelope.get("line") == "extension" and len(question) <= cap:
+                await job.await_input(question)
+                return
             answer = answers.upstream_failed(
                 "input_required", "the tool asked for input, which a deferred call cannot give"
             )
