@@ -14,9 +14,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from policies.model import DeferredSettings, Limits
 from tests.integration import mcp_proxy_harness
+from tests.integration import test_mcp_tasks as core_tasks
 from tests.integration.mcp_proxy_harness import RawMcp, RunningProxy, http_upstream, running_proxy
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
 from tests.integration.test_mcp_tasks_extension import (
@@ -148,11 +150,14 @@ async def test_update_of_a_task_not_waiting_for_input_is_refused(
 async def test_a_task_waiting_for_input_can_be_cancelled(
     upstream: RunningUpstream, proxy: RunningProxy, http: aiohttp.ClientSession
 ) -> None:
-    """`tasks/cancel` of a task in input_required: acknowledged, cancelled, never re-sent, and
-    its answers are refused afterwards."""
+    """`inputResponses` that are not an object are refused (-32602); `tasks/cancel` of a task in
+    input_required: acknowledged, cancelled, never re-sent, and its answers refused afterwards."""
     raw = RawMcp(http, proxy.mcp_url("up"))
     task_id = await _deferred_confirm(upstream, proxy, raw)
     await _until(raw, task_id, "input_required")
+    malformed = await _update(raw, task_id, ["accept"])
+    assert malformed["error"]["code"] == -32602, malformed
+    assert malformed["error"]["data"]["reason"] == "invalid_params"
     ack = await raw.post(
         _request(8, "tasks/cancel", {"taskId": task_id}), _headers("tasks/cancel", task_id)
     )
@@ -161,3 +166,69 @@ async def test_a_task_waiting_for_input_can_be_cancelled(
     late = await _update(raw, task_id, ANSWERS)
     assert late["error"]["data"]["reason"] == "task_not_waiting_for_input"
     assert upstream.stats()["calls"]["confirm_send"] == 1
+
+
+@pytest.fixture
+async def asking_legacy_upstream() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+    """A minimal MCP endpoint that answers `tools/call` with `input_required` whatever the
+    revision (the SDK server cannot on 2025-11-25); it records the calls it received."""
+    received: list[dict[str, Any]] = []
+
+    async def mcp(request: web.Request) -> web.Response:
+        body = await request.json()
+        method, request_id = body.get("method"), body.get("id")
+        if request_id is None:
+            return web.Response(status=202)
+        if method == "initialize":
+            version = body["params"]["protocolVersion"]
+            info = {"name": "asking", "version": "1"}
+            result = {"protocolVersion": version, "capabilities": {"tools": {}}, "serverInfo": info}
+        elif method == "tools/list":
+            schema = {"type": "object", "properties": {"to": {"type": "string"}}}
+            result = {"tools": [{"name": "send", "inputSchema": schema}]}
+        elif method == "tools/call":
+            received.append(body["params"])
+            ask = {"method": "elicitation/create", "params": {"message": "Send it?"}}
+            result = {"resultType": "input_required", "inputRequests": {"confirm": ask}}
+        else:
+            error = {"code": -32601, "message": "method not found"}
+            return web.json_response({"jsonrpc": "2.0", "id": request_id, "error": error})
+        headers = {"Mcp-Session-Id": "asking-session"}  # a session: the client's tasks count
+        body = {"jsonrpc": "2.0", "id": request_id, "result": result}
+        return web.json_response(body, headers=headers)
+
+    app = web.Application()
+    app.router.add_post("/mcp", mcp)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/mcp", received
+    finally:
+        await runner.cleanup()
+
+
+async def test_on_the_2025_11_25_line_a_deferred_call_asking_for_input_still_fails(
+    asking_legacy_upstream: tuple[str, list[dict[str, Any]]],
+    tmp_path: Path,
+    http: aiohttp.ClientSession,
+) -> None:
+    """No way to answer there: a core task whose upstream answers `input_required` ends
+    failed with reason `input_required`, and it is never re-sent."""
+    url, received = asking_legacy_upstream
+    async with running_proxy(
+        {"up": http_upstream("up", url)},
+        tmp_path,
+        read_only=False,
+        deferred=DeferredSettings(poll_interval_s=0.1),
+    ) as legacy:
+        raw = await core_tasks._raw_with_tasks(http, legacy)
+        created = await core_tasks._create(raw, "send", {"to": "bob"})
+        task_id = created.task.task_id
+        async with core_tasks.task_session(legacy.mcp_url("up")) as session:
+            with pytest.raises(Exception) as failed:
+                await core_tasks._result(session, task_id)
+            assert (await core_tasks._get(session, task_id)).status == "failed"
+    assert failed.value.error.data["reason"] == "input_required"  # type: ignore[attr-defined]
+    assert len(received) == 1
