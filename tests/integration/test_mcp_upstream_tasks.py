@@ -122,3 +122,39 @@ async def test_the_upstreams_own_task_is_relayed_recorded_and_polled_by_its_tena
         )
         assert stranger.last["error"]["code"] == -32602
         assert len(received) == seen
+
+
+async def test_a_read_only_calls_upstream_task_is_recorded_and_polled_by_its_tenant_only(
+    tasking_upstream: tuple[str, list[dict[str, Any]]],
+    tmp_path: Path,
+    http: aiohttp.ClientSession,
+) -> None:
+    """A read-only call answered with the upstream's own task is recorded too (a `succeeded`
+    entry naming the upstream's task, without a key), so only its tenant reaches the upstream
+    with `tasks/*` for it: another tenant is refused -32602 and the upstream never sees it."""
+    url, received = tasking_upstream
+    async with running_proxy({"up": http_upstream("up", url)}, tmp_path, read_only=True) as proxy:
+        raw = RawMcp(http, proxy.mcp_url("up"))
+        call = _body(1, "tools/call", {"name": "build", "arguments": {}})
+        created = await raw.post(call, _headers("tools/call", "build", "acme"))
+        assert created.last["result"] == {"resultType": "task", **TASK}
+        store = proxy.app[LEDGER].store
+        assert store is not None
+        (entry,) = await store.list_entries()
+        assert (entry.state, entry.task_id, entry.tenant) == (
+            EntryState.SUCCEEDED,
+            "up:up:up-task-1",
+            "acme",
+        )
+        seen = len(received)
+        stranger = await raw.post(
+            _body(2, "tasks/get", {"taskId": "up-task-1"}),
+            _headers("tasks/get", "up-task-1", "globex"),
+        )
+        assert stranger.last["error"]["code"] == -32602
+        assert len(received) == seen
+        polled = await raw.post(
+            _body(3, "tasks/get", {"taskId": "up-task-1"}),
+            _headers("tasks/get", "up-task-1", "acme"),
+        )
+        assert polled.last["result"]["status"] == "completed"

@@ -38,6 +38,7 @@ from proxy.mcp.pipeline.context import (
 )
 from proxy.mcp.pipeline.deferral import defer_or_start, wants_task
 from proxy.mcp.pipeline.side_effects import run_side_effect
+from proxy.mcp.pipeline.upstream_tasks import record_upstream_task
 from proxy.runtime.rejections import REJECTIONS
 from proxy.runtime.scheduler import AdmissionRefused, Slot
 from proxy.runtime.upstream_pressure import retry_cap
@@ -268,7 +269,9 @@ async def _admit_and_run(call: ToolCall, send_upstream: SendUpstream, notify: No
             await on_wait("running")
         if call.policy.side_effect:
             return await run_side_effect(call, plan)
-        return await forward_with_retries(plan)
+        response = await forward_with_retries(plan)
+        await record_upstream_task(call, response)  # only when the upstream answered a task
+        return response
     except AdmissionRefused as refused:  # a retry could not be admitted again
         return _refused(call, refused, record=False)
     except (UpstreamNotReached, UpstreamPressure) as exc:

@@ -1,0 +1,64 @@
+"""A read-only call the upstream answered with a task of its own is recorded too.
+
+Read-only calls are otherwise never ledgered. But the upstream's task id is the caller's handle to
+work done for one tenant, and `tasks/*` for it are forwarded only for the tenant the ledger names
+(`proxy.mcp.tasks.methods`): without a record, any tenant's `tasks/get` for that id would reach the
+upstream, which cannot tell the proxy's callers apart (it sees the proxy's credentials). So the
+call becomes a key-less `succeeded` entry holding the upstream's answer and naming its task. The
+record is written before the caller hears of the task, so no other tenant can race it. If the
+ledger cannot take it, the answer still goes out (a read-only call never waits on the ledger) and
+the task stays unrecorded: forwarded for whoever asks, as before, and logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from ledger import ClaimRequest, LedgerError
+from policies.keys import fingerprint
+from policies.redaction import redacted
+from proxy.mcp.pipeline.context import JsonObject, ToolCall
+from proxy.mcp.pipeline.outcomes import encode_outcome
+from proxy.mcp.wire.tasks import created_task_id
+from proxy.state import LEDGER
+from proxy.telemetry import tracing
+
+__all__ = ["record_upstream_task"]
+
+log = logging.getLogger("interlock.ledger")
+
+
+async def record_upstream_task(call: ToolCall, response: JsonObject) -> None:
+    """Record `response` when it is the upstream's own task for this read-only call."""
+    task_id = created_task_id(response)
+    store = call.ctx.app[LEDGER].store
+    if task_id is None or store is None:
+        if task_id is not None:
+            log.warning("the upstream's task %r is not recorded: the ledger is not open", task_id)
+        return
+    upstream = call.ctx.upstream.name
+    kept = redacted(call.arguments, call.policy.redact)
+    request = ClaimRequest(
+        tenant=call.attrs.tenant,
+        upstream=upstream,
+        tool=call.tool,
+        idempotency_key=None,
+        key_source="none",
+        fingerprint=fingerprint(call.tool, call.arguments),
+        arguments=json.dumps(kept, ensure_ascii=False, default=str),
+        work_class=call.work_class,
+        run_id=call.attrs.run_id,
+        trace_id=tracing.current_trace_id(),
+    )
+    try:
+        claimed = await store.claim(request)
+        entry = claimed.entry
+        await store.finish(
+            entry.id, entry.fencing_token, state="succeeded", outcome=encode_outcome(response)
+        )
+        await store.deferred.note_upstream_task(entry.id, upstream, task_id)
+    except LedgerError as exc:
+        log.warning("the upstream's task %r is not recorded: %s", task_id, exc)
+        return
+    call.span.set_attribute("interlock.ledger.entry_id", entry.id)
