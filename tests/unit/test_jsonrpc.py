@@ -410,29 +410,21 @@ def test_the_transport_names_agree_with_the_sdk() -> None:
     assert tuple(headers.HANDSHAKE_PROTOCOL_VERSIONS) == tuple(HANDSHAKE_PROTOCOL_VERSIONS)
 
 
-def test_serving_needs_no_mcp_sdk_import() -> None:
-    """`interlock serve`'s modules load without the MCP SDK (it costs ~30 MB of memory)."""
+@pytest.mark.parametrize(
+    "packages",
+    [
+        ("mcp", "mcp_types"),  # the MCP SDK costs ~30 MB of memory
+        ("rich",),  # the ledger commands' tables load it when they print one
+    ],
+)
+def test_serving_needs_no_import_of(packages: tuple[str, ...]) -> None:
+    """`interlock serve`'s modules load without these packages."""
     import subprocess
     import sys
 
     program = (
         "import sys, proxy.ops.cli, proxy.app; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mcp', 'mcp_types')))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert done.stdout.strip() == "[]"
-
-
-def test_serving_needs_no_rich_import() -> None:
-    """The ledger commands' tables (rich) are loaded only when a ledger command runs."""
-    import subprocess
-    import sys
-
-    program = (
-        "import sys, proxy.ops.cli, proxy.app; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rich'))"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {packages!r}))"
     )
     done = subprocess.run(
         [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
