@@ -1,1 +1,2 @@
-"""MCP tasks: the `tasks/*` methods served from the ledger, and how deferred calls run."""
+"""MCP tasks: the `tasks/*` methods served from the ledger (`methods`; a task's answers to the
+upstream's questions: `input`), and how deferred calls run (`runner`, `channels`)."""
