@@ -260,6 +260,28 @@ async def test_accepted_work_is_bounded_per_tenant(
         await held
 
 
+async def test_accepted_work_is_bounded_per_upstream(
+    provider: FakeProvider, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """Beyond `max_accepted_per_upstream` waiting jobs, a deferral is refused 429 with
+    Retry-After naming the upstream's bound, whichever tenant asks."""
+    config = _config(provider, ", max_accepted_per_upstream: 2")
+    async with running_proxy(config, tmp_path) as proxy:
+        held = await _saturate(proxy, provider, http)
+        for key, tenant in (("u1", "acme"), ("u2", "globex")):
+            headers = {"Prefer": "respond-async", "X-Interlock-Tenant": tenant}
+            assert (await _defer(proxy, http, key, headers)).status == 202
+        headers = {"Prefer": "respond-async", "X-Interlock-Tenant": "initech"}
+        full = await _defer(proxy, http, "u3", headers)
+        assert full.status == 429
+        assert "Retry-After" in full.headers
+        error = full.json()["error"]
+        assert (error["reason"], error["scope"]) == ("overloaded", "accepted:upstream:fake")
+        provider.action_gate.set()  # type: ignore[union-attr]
+        await held
+        assert provider.executions["u3"] == 0
+
+
 async def test_a_job_the_upstream_refuses_goes_back_in_line_and_runs_later(
     proxy: RunningProxy, provider: FakeProvider, http: aiohttp.ClientSession
 ) -> None:
