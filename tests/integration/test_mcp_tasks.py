@@ -22,6 +22,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from policies.model import DeferredSettings, Limits
+from proxy.state import LEDGER
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import (
     LEGACY,
@@ -321,3 +322,23 @@ async def _initialize_with_tasks(raw: RawMcp) -> None:
     raw.version = LEGACY
     assert (await raw.post({"jsonrpc": "2.0", "method": "notifications/initialized"})).status == 202
     assert json.loads(answer.messages[-1])["result"]["protocolVersion"] == LEGACY
+
+
+async def test_a_task_too_large_to_keep_is_refused_and_never_runs(
+    upstream: RunningUpstream, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """A task-augmented call whose request is over `deferred.max_request_bytes` is refused
+    -32600 `too_large_to_defer`: nothing is recorded, and it is not run live instead."""
+    upstream.reset()
+    spec = http_upstream("up", upstream.url, limits=Limits(max_running=1))
+    deferred = DeferredSettings(poll_interval_s=0.1, max_request_bytes=512)
+    async with running_proxy({"up": spec}, tmp_path, read_only=False, deferred=deferred) as proxy:
+        raw = await _raw_with_tasks(http, proxy)
+        body = {"to": "x@example.com", "subject": "big", "body": "x" * 2000}
+        answer = await raw.post(_call(next(_IDS), "send_email", body, task=True))
+        error = answer.last["error"]
+        assert (error["code"], error["data"]["reason"]) == (-32600, "too_large_to_defer")
+        store = proxy.app[LEDGER].store
+        assert store is not None
+        assert await store.list_entries() == []
+    assert upstream.stats()["emails_total"] == 0
