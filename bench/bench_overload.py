@@ -51,7 +51,7 @@ _OVERLOAD = 10.0
 def _upstream() -> Iterator[Any]:
     from tests.integration.mcp_servers import running_upstream
 
-    with running_upstream() as upstream:
+    with running_upstream(quiet=True) as upstream:
         yield upstream
 
 

@@ -427,9 +427,14 @@ class RunningUpstream:
 
 @contextlib.contextmanager
 def running_upstream(
-    *, json_response: bool = False, stateless: bool = False, start_timeout_s: float = 20.0
+    *,
+    json_response: bool = False,
+    stateless: bool = False,
+    start_timeout_s: float = 20.0,
+    quiet: bool = False,
 ) -> Iterator[RunningUpstream]:
-    """Start the test upstream as a real subprocess on a free 127.0.0.1 port; kill it on exit."""
+    """Start the test upstream as a real subprocess on a free 127.0.0.1 port; kill it on exit.
+    `quiet` sends its log lines to /dev/null (a benchmark prints tables meanwhile)."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
@@ -440,7 +445,8 @@ def running_upstream(
         args.append("--json-response")
     if stateless:
         args.append("--stateless")
-    process = subprocess.Popen(args, cwd=REPO_ROOT, pass_fds=[listener.fileno()])
+    stderr = subprocess.DEVNULL if quiet else None
+    process = subprocess.Popen(args, cwd=REPO_ROOT, pass_fds=[listener.fileno()], stderr=stderr)
     listener.close()
     upstream = RunningUpstream(process=process, port=port)
     try:
