@@ -367,3 +367,23 @@ async def test_a_job_whose_attempts_never_run_is_given_up(
         assert provider.executions["refused"] == 0
         entry, _ = await proxy.store.get("refused")
         assert (entry.state, entry.attempt, entry.request) == (EntryState.REJECTED, 2, None)
+
+
+async def test_a_job_lost_after_it_was_sent_is_unknown_and_never_sent_again(
+    proxy: RunningProxy, provider: FakeProvider, http: aiohttp.ClientSession
+) -> None:
+    """The upstream acted on the job and the connection died before the answer: the job is
+    `unknown` (the caller's GET says so), it is not put back in line, and the upstream's own
+    count stays at one execution — no blind retry."""
+    held = await _saturate(proxy, provider, http)
+    location = (await _defer(proxy, http, "lost-job")).headers["Location"]
+    provider.script("die")
+    provider.action_gate.set()  # type: ignore[union-attr]
+    await held
+    done = await _poll(proxy, http, location)
+    assert done.status == 504
+    assert done.json()["error"]["state"] == "unknown"
+    await asyncio.sleep(0.5)  # five dispatcher polls: time for a wrong retry to happen
+    assert provider.executions["lost-job"] == 1
+    entry, _ = await proxy.store.get("lost-job")
+    assert entry.state is EntryState.UNKNOWN
