@@ -208,6 +208,38 @@ MUTANTS = (
         why="a key reused for another operation replays the first one's outcome",
     ),
     Mutant(
+        name="HTTP: forward before the claim commits",
+        path="proxy/http/pipeline.py",
+        module="proxy.http.pipeline",
+        edits=(
+            (
+                '    try:\n        with tracing.child_span("interlock.ledger.claim") as span:\n',
+                '    early = __import__("asyncio").ensure_future(forward(call))\n'
+                '    try:\n        with tracing.child_span("interlock.ledger.claim") as span:\n',
+            ),
+        ),
+        tests=(
+            "tests/integration/test_http_idempotency.py::test_duplicate_delivery_executes_once",
+        ),
+        why="the model or JSON API acts before the write-ahead record exists",
+    ),
+    Mutant(
+        name="a lost deferred job taken as not executed",
+        path="proxy/http/deferred_run.py",
+        module="proxy.http.deferred_run",
+        edits=(
+            (
+                "reason: str) -> None:\n        if side_effect:\n",
+                "reason: str) -> None:\n        if False:\n",
+            ),
+        ),
+        tests=(
+            "tests/integration/test_http_jobs.py::"
+            "test_a_job_lost_after_it_was_sent_is_unknown_and_never_sent_again",
+        ),
+        why="deferred work that may have acted is put back in line and sent again",
+    ),
+    Mutant(
         name="close the ledger under refusal records",
         path="proxy/app.py",
         module="proxy.app",
