@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ __all__ = [
     "build_config",
     "http_upstream",
     "running_proxy",
+    "serving_mcp",
     "stdio_upstream",
 ]
 
@@ -219,6 +220,18 @@ class RawMcp:
     async def delete(self) -> int:
         async with self.http.delete(self.url, headers=self.headers()) as answer:
             return answer.status
+
+
+@contextlib.asynccontextmanager
+async def serving_mcp(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> AsyncIterator[str]:
+    """Serve a hand-written MCP endpoint (`handler` answers POST /mcp) on a free loopback port
+    until the block ends; yields its URL, ready for `http_upstream`."""
+    app = web.Application()
+    app.router.add_post("/mcp", handler)
+    async with serving(app) as base:
+        yield f"{base}/mcp"
 
 
 @pytest.fixture

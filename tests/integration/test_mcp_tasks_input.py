@@ -19,7 +19,13 @@ from aiohttp import web
 from policies.model import DeferredSettings, Limits
 from tests.integration import mcp_proxy_harness
 from tests.integration import test_mcp_tasks as core_tasks
-from tests.integration.mcp_proxy_harness import RawMcp, RunningProxy, http_upstream, running_proxy
+from tests.integration.mcp_proxy_harness import (
+    RawMcp,
+    RunningProxy,
+    http_upstream,
+    running_proxy,
+    serving_mcp,
+)
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
 from tests.integration.test_mcp_tasks_extension import (
     BOUNDED_S,
@@ -197,16 +203,8 @@ async def asking_legacy_upstream() -> AsyncIterator[tuple[str, list[dict[str, An
         body = {"jsonrpc": "2.0", "id": request_id, "result": result}
         return web.json_response(body, headers=headers)
 
-    app = web.Application()
-    app.router.add_post("/mcp", mcp)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}/mcp", received
-    finally:
-        await runner.cleanup()
+    async with serving_mcp(mcp) as url:
+        yield url, received
 
 
 async def test_on_the_2025_11_25_line_a_deferred_call_asking_for_input_still_fails(
