@@ -23,7 +23,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from policies.config import parse_config_text
-from policies.model import Config, UpstreamSpec
+from policies.model import Config, DeferredSettings, UpstreamSpec
 from proxy.app import create_app
 from proxy.mcp.transport.sessions import MCP_TRANSPORT, McpTransport
 from proxy.mcp.wire.sse import SseParser
@@ -38,6 +38,7 @@ __all__ = [
     "RawMcp",
     "RunningProxy",
     "build_config",
+    "deferring_proxy",
     "http_upstream",
     "running_proxy",
     "serving_mcp",
@@ -122,6 +123,17 @@ async def running_proxy(
         app[MCP_TRANSPORT].stdio.idle_s = stdio_idle_s
     async with serving(app) as base:
         yield RunningProxy(app=app, port=int(base.rsplit(":", 1)[1]))
+
+
+@contextlib.asynccontextmanager
+async def deferring_proxy(spec: UpstreamSpec, folder: Path) -> AsyncIterator[RunningProxy]:
+    """`running_proxy` for deferred-work (task) tests: the one upstream `spec` (under its own
+    name), side effects allowed, deferred work polled every 0.1 s."""
+    deferred = DeferredSettings(poll_interval_s=0.1)
+    async with running_proxy(
+        {spec.name: spec}, folder, read_only=False, deferred=deferred
+    ) as running:
+        yield running
 
 
 MODERN = "2026-07-28"

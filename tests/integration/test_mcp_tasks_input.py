@@ -16,14 +16,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from policies.model import DeferredSettings, Limits
+from policies.model import Limits
 from tests.integration import mcp_proxy_harness
 from tests.integration import test_mcp_tasks as core_tasks
 from tests.integration.mcp_proxy_harness import (
     RawMcp,
     RunningProxy,
+    deferring_proxy,
     http_upstream,
-    running_proxy,
     serving_mcp,
 )
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
@@ -49,9 +49,7 @@ def upstream() -> Iterator[RunningUpstream]:
 async def proxy(upstream: RunningUpstream, tmp_path: Path) -> AsyncIterator[RunningProxy]:
     upstream.reset()
     spec = http_upstream("up", upstream.url, limits=Limits(max_running=1))
-    async with running_proxy(
-        {"up": spec}, tmp_path, read_only=False, deferred=DeferredSettings(poll_interval_s=0.1)
-    ) as running:
+    async with deferring_proxy(spec, tmp_path) as running:
         yield running
 
 
@@ -215,12 +213,7 @@ async def test_on_the_2025_11_25_line_a_deferred_call_asking_for_input_still_fai
     """No way to answer there: a core task whose upstream answers `input_required` ends
     failed with reason `input_required`, and it is never re-sent."""
     url, received = asking_legacy_upstream
-    async with running_proxy(
-        {"up": http_upstream("up", url)},
-        tmp_path,
-        read_only=False,
-        deferred=DeferredSettings(poll_interval_s=0.1),
-    ) as legacy:
+    async with deferring_proxy(http_upstream("up", url), tmp_path) as legacy:
         raw = await core_tasks._raw_with_tasks(http, legacy)
         created = await core_tasks._create(raw, "send", {"to": "bob"})
         task_id = created.task.task_id
