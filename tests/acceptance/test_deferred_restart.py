@@ -19,6 +19,7 @@ import pytest
 
 from tests.acceptance.test_proxy_crash import _free_port, interlock, proxy_process
 from tests.integration.fake_provider import FakeProvider, running_provider
+from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 JOBS = 20
@@ -69,10 +70,7 @@ async def _held(tasks: list[asyncio.Task[Any]]) -> AsyncIterator[None]:
 
 
 async def _until(predicate: Any, what: str) -> None:
-    deadline = time.monotonic() + BOUNDED_S
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.05)
+    await wait_until(predicate, BOUNDED_S, what=what, interval_s=0.05)
 
 
 def _entries(config: Path, state: str) -> list[dict[str, Any]]:
