@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import os
 import secrets
 import sys
@@ -52,7 +53,9 @@ __all__ = [
     "pg_execute",
     "pg_server_url",
     "pg_terminate_backends",
+    "read_child_json",
     "run_async",
+    "spawn_ledger_child",
     "sqlite_write_lock_in_another_process",
 ]
 
@@ -254,3 +257,30 @@ async def sqlite_write_lock_in_another_process(url: str) -> AsyncIterator[Callab
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+_REPO = Path(__file__).resolve().parents[1]
+_CHILD_DEADLINE_S = 60
+
+
+async def spawn_ledger_child(*args: str) -> asyncio.subprocess.Process:
+    """Start `python -m tests.ledger_child ARGS…` (its commands are described there) with pipes
+    on stdin and stdout, for a race or crash test to drive."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.ledger_child",
+        *args,
+        cwd=_REPO,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+
+
+async def read_child_json(proc: asyncio.subprocess.Process) -> dict[str, Any]:
+    """The next JSON line a ledger child reports; fails if it exits first."""
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), _CHILD_DEADLINE_S)
+    assert line, f"child exited with {await proc.wait()}"
+    decoded: dict[str, Any] = json.loads(line)
+    return decoded

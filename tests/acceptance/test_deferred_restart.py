@@ -6,11 +6,9 @@ operator resolves them."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ import pytest
 
 from tests.acceptance.test_proxy_crash import _free_port, interlock, proxy_process
 from tests.integration.fake_provider import FakeProvider, running_provider
+from tests.integration.waiting import cancelled_at_exit, wait_until
 
 pytestmark = pytest.mark.slow
 JOBS = 20
@@ -58,21 +57,8 @@ async def _get(http: aiohttp.ClientSession, url: str) -> tuple[int, bytes]:
         return answer.status, await answer.read()
 
 
-@contextlib.asynccontextmanager
-async def _held(tasks: list[asyncio.Task[Any]]) -> AsyncIterator[None]:
-    try:
-        yield
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
 async def _until(predicate: Any, what: str) -> None:
-    deadline = time.monotonic() + BOUNDED_S
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.05)
+    await wait_until(predicate, BOUNDED_S, what=what, interval_s=0.05)
 
 
 def _entries(config: Path, state: str) -> list[dict[str, Any]]:
@@ -101,7 +87,7 @@ async def test_jobs_survive_a_sigkill_waiting_ones_run_once_interrupted_ones_are
         url = f"{base}/http/pay/v1/actions"
         with proxy_process(config) as first:
             live = [asyncio.create_task(_post(http, url, f"live-{i}")) for i in range(4)]
-            async with _held(live):
+            async with cancelled_at_exit(live):
                 await _until(lambda: sum(provider.executions.values()) == 4, "live calls hold")
                 locations = {}
                 for key in keys:

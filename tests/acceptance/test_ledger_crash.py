@@ -21,7 +21,7 @@ from ledger.db import open_engines
 from ledger.queries import ENTRIES, TRANSITIONS
 from policies.model import LedgerSettings
 from tests import ledger_fixtures
-from tests.ledger_fixtures import LedgerBackend, claim_request
+from tests.ledger_fixtures import LedgerBackend, claim_request, spawn_ledger_child
 
 ledger_backend = ledger_fixtures.ledger_backend
 ledger_url = ledger_fixtures.ledger_url
@@ -31,18 +31,6 @@ ledger_store = ledger_fixtures.ledger_store
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 _DEADLINE_S = 60
-
-
-async def _child(*args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.ledger_child",
-        *args,
-        cwd=REPO,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
 
 
 async def _sigkill(proc: asyncio.subprocess.Process) -> None:
@@ -74,7 +62,7 @@ async def test_sigkill_before_finish_then_sweep_reconcile_retry(
 ) -> None:
     """A claim whose process dies before finishing becomes unknown after its lease (swept by
     another process); the key then needs reconciliation; an operator retry runs attempt 2."""
-    child = await _child("claim", ledger_url, "order-77", "0.5")
+    child = await spawn_ledger_child("claim", ledger_url, "order-77", "0.5")
     try:
         assert child.stdout is not None
         line = await asyncio.wait_for(child.stdout.readline(), _DEADLINE_S)
@@ -132,7 +120,7 @@ async def test_sigkill_mid_group_commit_loses_no_committed_claim(
     committed is there, running, with its history row, and no entry is half written."""
     acknowledged: set[str] = set()
     for _ in range(2):
-        child = await _child("flood", ledger_settings.url, "32")
+        child = await spawn_ledger_child("flood", ledger_settings.url, "32")
         try:
             assert child.stdout is not None
             seen = 0

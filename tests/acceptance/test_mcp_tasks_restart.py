@@ -9,7 +9,6 @@ import asyncio
 import itertools
 import json
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 
 from tests.acceptance.test_proxy_crash import _free_port, interlock, proxy_process
 from tests.integration.mcp_servers import running_upstream
+from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 TASKS = 20
@@ -89,10 +89,7 @@ upstreams:
 
 
 async def _until(predicate: Any, what: str) -> None:
-    deadline = time.monotonic() + BOUNDED_S
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.05)
+    await wait_until(predicate, BOUNDED_S, what=what, interval_s=0.05)
 
 
 async def test_tasks_survive_a_sigkill_waiting_ones_run_once_interrupted_ones_are_unknown(

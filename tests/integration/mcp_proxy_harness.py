@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from policies.config import parse_config_text
-from policies.model import Config, UpstreamSpec
+from policies.model import Config, DeferredSettings, UpstreamSpec
 from proxy.app import create_app
 from proxy.mcp.transport.sessions import MCP_TRANSPORT, McpTransport
 from proxy.mcp.wire.sse import SseParser
@@ -38,8 +38,10 @@ __all__ = [
     "RawMcp",
     "RunningProxy",
     "build_config",
+    "deferring_proxy",
     "http_upstream",
     "running_proxy",
+    "serving_mcp",
     "stdio_upstream",
 ]
 
@@ -121,6 +123,17 @@ async def running_proxy(
         app[MCP_TRANSPORT].stdio.idle_s = stdio_idle_s
     async with serving(app) as base:
         yield RunningProxy(app=app, port=int(base.rsplit(":", 1)[1]))
+
+
+@contextlib.asynccontextmanager
+async def deferring_proxy(spec: UpstreamSpec, folder: Path) -> AsyncIterator[RunningProxy]:
+    """`running_proxy` for deferred-work (task) tests: the one upstream `spec` (under its own
+    name), side effects allowed, deferred work polled every 0.1 s."""
+    deferred = DeferredSettings(poll_interval_s=0.1)
+    async with running_proxy(
+        {spec.name: spec}, folder, read_only=False, deferred=deferred
+    ) as running:
+        yield running
 
 
 MODERN = "2026-07-28"
@@ -219,6 +232,18 @@ class RawMcp:
     async def delete(self) -> int:
         async with self.http.delete(self.url, headers=self.headers()) as answer:
             return answer.status
+
+
+@contextlib.asynccontextmanager
+async def serving_mcp(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> AsyncIterator[str]:
+    """Serve a hand-written MCP endpoint (`handler` answers POST /mcp) on a free loopback port
+    until the block ends; yields its URL, ready for `http_upstream`."""
+    app = web.Application()
+    app.router.add_post("/mcp", handler)
+    async with serving(app) as base:
+        yield f"{base}/mcp"
 
 
 @pytest.fixture

@@ -5,8 +5,6 @@ meanwhile are all admitted up to their share."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ from proxy.runtime.deferred import DEFERRED
 from tests.integration import fake_provider
 from tests.integration.fake_provider import FakeProvider, wait_until
 from tests.integration.proxy_harness import running_proxy
+from tests.integration.waiting import cancelled_at_exit
 
 BOUNDED_S = 15.0
 FLOOD = 30
@@ -47,16 +46,6 @@ async def _post(
             return r.status, await r.json()
 
 
-@contextlib.asynccontextmanager
-async def _background(tasks: list[asyncio.Task[Any]]) -> AsyncIterator[None]:
-    try:
-        yield
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
 def _started(provider: FakeProvider, prefix: str) -> int:
     return sum(n for key, n in provider.executions.items() if key.startswith(prefix))
 
@@ -79,7 +68,7 @@ async def test_a_flood_of_deferred_bulk_jobs_leaves_interactive_calls_their_shar
             for i in range(10)
         ]
         calls: list[asyncio.Task[Any]] = list(live)
-        async with _background(calls):
+        async with cancelled_at_exit(calls):
             await wait_until(lambda: _started(provider, "live-") == 10, BOUNDED_S)
             bulk = {**tenant, "X-Interlock-Class": "bulk", "Prefer": "respond-async"}
             for i in range(FLOOD):

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,14 +16,13 @@ from ledger.operations import _new_row, _start_attempt
 from ledger.queries import ENTRIES
 from policies.model import LedgerSettings
 from tests import ledger_fixtures
-from tests.ledger_fixtures import LedgerBackend, claim_request
+from tests.ledger_fixtures import LedgerBackend, claim_request, read_child_json, spawn_ledger_child
 
 ledger_backend = ledger_fixtures.ledger_backend
 ledger_url = ledger_fixtures.ledger_url
 ledger_settings = ledger_fixtures.ledger_settings
 ledger_store = ledger_fixtures.ledger_store
 
-REPO = Path(__file__).resolve().parents[2]
 _DEADLINE_S = 60
 
 
@@ -76,37 +72,17 @@ async def test_two_replicas_racing_one_key(two_stores: list[LedgerStore]) -> Non
     assert {r.entry.owner for r in results} == {owner}
 
 
-async def _spawn(*args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.ledger_child",
-        *args,
-        cwd=REPO,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
-
-
-async def _read_json(proc: asyncio.subprocess.Process) -> dict[str, Any]:
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), _DEADLINE_S)
-    assert line, f"child exited with {await proc.wait()}"
-    decoded: dict[str, Any] = json.loads(line)
-    return decoded
-
-
 async def test_two_processes_racing_one_key(ledger_store: LedgerStore, ledger_url: str) -> None:
     """Two processes fire 25 claims each at one key at the same moment: exactly one new."""
-    children = [await _spawn("race", ledger_url, "k", "25") for _ in range(2)]
+    children = [await spawn_ledger_child("race", ledger_url, "k", "25") for _ in range(2)]
     try:
         for child in children:
-            assert (await _read_json(child)) == {"ready": True}
+            assert (await read_child_json(child)) == {"ready": True}
         for child in children:
             assert child.stdin is not None
             child.stdin.write(b"go\n")
             await child.stdin.drain()
-        reports = [await _read_json(child) for child in children]
+        reports = [await read_child_json(child) for child in children]
         for child in children:
             assert await asyncio.wait_for(child.wait(), _DEADLINE_S) == 0
     finally:
@@ -124,18 +100,18 @@ async def test_two_processes_racing_one_key(ledger_store: LedgerStore, ledger_ur
 async def _race_children(url: str, prefixes: list[str], n: int) -> list[list[list[Any]]]:
     """Two processes claim the same `n` keys at the same moment, once per prefix (a round each);
     every claim they report, per round."""
-    children = [await _spawn("race_keys", url, str(n)) for _ in range(2)]
+    children = [await spawn_ledger_child("race_keys", url, str(n)) for _ in range(2)]
     rounds = []
     try:
         for child in children:
-            assert (await _read_json(child)) == {"ready": True}
+            assert (await read_child_json(child)) == {"ready": True}
         for prefix in [*prefixes, ""]:
             for child in children:
                 assert child.stdin is not None
                 child.stdin.write(f"{prefix}\n".encode())
                 await child.stdin.drain()
             if prefix:
-                reports = [await _read_json(child) for child in children]
+                reports = [await read_child_json(child) for child in children]
                 rounds.append([claim for report in reports for claim in report["claims"]])
         for child in children:
             assert await asyncio.wait_for(child.wait(), _DEADLINE_S) == 0

@@ -4,9 +4,6 @@ claimed exactly once (across processes too), put back in line, finished, cancell
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,14 +12,13 @@ from ledger import EntryState, LedgerStore, StaleToken
 from ledger.deferred_ops import CANCELLED
 from policies.model import LedgerSettings
 from tests import ledger_fixtures
-from tests.ledger_fixtures import claim_request
+from tests.ledger_fixtures import claim_request, read_child_json, spawn_ledger_child
 
 ledger_backend = ledger_fixtures.ledger_backend
 ledger_url = ledger_fixtures.ledger_url
 ledger_settings = ledger_fixtures.ledger_settings
 ledger_store = ledger_fixtures.ledger_store
 
-REPO = Path(__file__).resolve().parents[2]
 REQUEST = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"send"}}'
 BIG = 1_000_000
 _DEADLINE_S = 60
@@ -243,44 +239,23 @@ async def test_tasks_are_listed_per_upstream_in_full_pages(ledger_store: LedgerS
     assert rest.next_cursor is None
 
 
-async def _spawn(url: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.ledger_child",
-        "claim_deferred",
-        url,
-        cwd=REPO,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
-
-
-async def _read_json(proc: asyncio.subprocess.Process) -> dict[str, Any]:
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), _DEADLINE_S)
-    assert line, f"child exited with {await proc.wait()}"
-    decoded: dict[str, Any] = json.loads(line)
-    return decoded
-
-
 async def test_three_processes_racing_for_waiting_work_start_each_once(
     ledger_store: LedgerStore, ledger_url: str
 ) -> None:
     """Three processes claim all waiting work at the same moment, round after round: every
     entry is started by exactly one of them (row locks on PostgreSQL, the single writer on
     SQLite)."""
-    children = [await _spawn(ledger_url) for _ in range(3)]
+    children = [await spawn_ledger_child("claim_deferred", ledger_url) for _ in range(3)]
     try:
         for child in children:
-            assert await _read_json(child) == {"ready": True}
+            assert await read_child_json(child) == {"ready": True}
         for round_ in range(5):
             ids = {(await _defer(ledger_store, f"race-{round_}-{i}")).entry.id for i in range(40)}
             for child in children:
                 assert child.stdin is not None
                 child.stdin.write(b"go\n")
                 await child.stdin.drain()
-            started = [i for child in children for i in (await _read_json(child))["started"]]
+            started = [i for child in children for i in (await read_child_json(child))["started"]]
             assert sorted(started) == sorted(ids), f"round {round_}"
         for child in children:
             assert child.stdin is not None

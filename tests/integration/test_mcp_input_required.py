@@ -12,7 +12,13 @@ import pytest
 from aiohttp import web
 
 from proxy.state import LEDGER
-from tests.integration.mcp_proxy_harness import ENVELOPE, MODERN, http_upstream, running_proxy
+from tests.integration.mcp_proxy_harness import (
+    ENVELOPE,
+    MODERN,
+    http_upstream,
+    running_proxy,
+    serving_mcp,
+)
 
 HEADERS = {
     "Accept": "application/json, text/event-stream",
@@ -45,16 +51,8 @@ async def asking_upstream() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
             }
         return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": result})
 
-    app = web.Application()
-    app.router.add_post("/mcp", mcp)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}/mcp", received
-    finally:
-        await runner.cleanup()
+    async with serving_mcp(mcp) as url:
+        yield url, received
 
 
 async def test_resend_with_input_responses_runs_as_the_next_attempt(

@@ -28,6 +28,7 @@ from tests.integration.mcp_proxy_harness import (
     LEGACY,
     RawMcp,
     RunningProxy,
+    deferring_proxy,
     http_upstream,
     running_proxy,
 )
@@ -50,9 +51,7 @@ def upstream() -> Iterator[RunningUpstream]:
 async def proxy(upstream: RunningUpstream, tmp_path: Path) -> AsyncIterator[RunningProxy]:
     upstream.reset()
     spec = http_upstream("up", upstream.url, limits=Limits(max_running=1))
-    async with running_proxy(
-        {"up": spec}, tmp_path, read_only=False, deferred=DeferredSettings(poll_interval_s=0.1)
-    ) as running:
+    async with deferring_proxy(spec, tmp_path) as running:
         yield running
 
 

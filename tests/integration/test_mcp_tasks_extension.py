@@ -24,15 +24,15 @@ from mcp.client.streamable_http import streamable_http_client
 from pydantic import ConfigDict
 from pydantic.alias_generators import to_camel
 
-from policies.model import DeferredSettings, Limits
+from policies.model import Limits
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import (
     ENVELOPE,
     MODERN,
     RawMcp,
     RunningProxy,
+    deferring_proxy,
     http_upstream,
-    running_proxy,
 )
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
 from tests.integration.waiting import wait_until
@@ -114,9 +114,7 @@ async def proxy(upstream: RunningUpstream, tmp_path: Path) -> AsyncIterator[Runn
     upstream.reset()
     POLLS.clear()
     spec = http_upstream("up", upstream.url, limits=Limits(max_running=1))
-    async with running_proxy(
-        {"up": spec}, tmp_path, read_only=False, deferred=DeferredSettings(poll_interval_s=0.1)
-    ) as running:
+    async with deferring_proxy(spec, tmp_path) as running:
         yield running
 
 

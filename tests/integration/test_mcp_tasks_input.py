@@ -16,10 +16,16 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from policies.model import DeferredSettings, Limits
+from policies.model import Limits
 from tests.integration import mcp_proxy_harness
 from tests.integration import test_mcp_tasks as core_tasks
-from tests.integration.mcp_proxy_harness import RawMcp, RunningProxy, http_upstream, running_proxy
+from tests.integration.mcp_proxy_harness import (
+    RawMcp,
+    RunningProxy,
+    deferring_proxy,
+    http_upstream,
+    serving_mcp,
+)
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
 from tests.integration.test_mcp_tasks_extension import (
     BOUNDED_S,
@@ -43,9 +49,7 @@ def upstream() -> Iterator[RunningUpstream]:
 async def proxy(upstream: RunningUpstream, tmp_path: Path) -> AsyncIterator[RunningProxy]:
     upstream.reset()
     spec = http_upstream("up", upstream.url, limits=Limits(max_running=1))
-    async with running_proxy(
-        {"up": spec}, tmp_path, read_only=False, deferred=DeferredSettings(poll_interval_s=0.1)
-    ) as running:
+    async with deferring_proxy(spec, tmp_path) as running:
         yield running
 
 
@@ -197,16 +201,8 @@ async def asking_legacy_upstream() -> AsyncIterator[tuple[str, list[dict[str, An
         body = {"jsonrpc": "2.0", "id": request_id, "result": result}
         return web.json_response(body, headers=headers)
 
-    app = web.Application()
-    app.router.add_post("/mcp", mcp)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}/mcp", received
-    finally:
-        await runner.cleanup()
+    async with serving_mcp(mcp) as url:
+        yield url, received
 
 
 async def test_on_the_2025_11_25_line_a_deferred_call_asking_for_input_still_fails(
@@ -217,12 +213,7 @@ async def test_on_the_2025_11_25_line_a_deferred_call_asking_for_input_still_fai
     """No way to answer there: a core task whose upstream answers `input_required` ends
     failed with reason `input_required`, and it is never re-sent."""
     url, received = asking_legacy_upstream
-    async with running_proxy(
-        {"up": http_upstream("up", url)},
-        tmp_path,
-        read_only=False,
-        deferred=DeferredSettings(poll_interval_s=0.1),
-    ) as legacy:
+    async with deferring_proxy(http_upstream("up", url), tmp_path) as legacy:
         raw = await core_tasks._raw_with_tasks(http, legacy)
         created = await core_tasks._create(raw, "send", {"to": "bob"})
         task_id = created.task.task_id

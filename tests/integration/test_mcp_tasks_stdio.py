@@ -12,7 +12,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from policies.model import DeferredSettings
 from proxy.state import SCHEDULER
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import (
@@ -21,7 +20,7 @@ from tests.integration.mcp_proxy_harness import (
     MODERN,
     RawMcp,
     RunningProxy,
-    running_proxy,
+    deferring_proxy,
     stdio_upstream,
 )
 
@@ -32,9 +31,7 @@ http = mcp_proxy_harness.http
 
 @pytest.fixture
 async def proxy(tmp_path: Path) -> AsyncIterator[RunningProxy]:
-    upstreams = {"st": stdio_upstream("st", timeout_s=10)}
-    settings = DeferredSettings(poll_interval_s=0.1)
-    async with running_proxy(upstreams, tmp_path, read_only=False, deferred=settings) as running:
+    async with deferring_proxy(stdio_upstream("st", timeout_s=10), tmp_path) as running:
         yield running
 
 

@@ -21,6 +21,7 @@ from tests.integration.mcp_proxy_harness import (
     RawMcp,
     http_upstream,
     running_proxy,
+    serving_mcp,
 )
 
 EXT = "io.modelcontextprotocol/tasks"
@@ -58,16 +59,8 @@ async def tasking_upstream() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
             return web.json_response({"jsonrpc": "2.0", "id": body.get("id"), "error": error})
         return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": result})
 
-    app = web.Application()
-    app.router.add_post("/mcp", mcp)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}/mcp", received
-    finally:
-        await runner.cleanup()
+    async with serving_mcp(mcp) as url:
+        yield url, received
 
 
 def _body(request_id: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
