@@ -102,7 +102,7 @@ class HttpChannel:
         cancel: asyncio.Event | None = None,
     ) -> WireMessage:
         original = _parsed(raw)
-        unchanged = raw is not None and _unchanged(message, original)
+        unchanged = _unchanged(message, original)
         body = raw if raw is not None and unchanged else dumps(message)
         return await exchange_http(
             self._session,
