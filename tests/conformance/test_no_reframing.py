@@ -99,6 +99,24 @@ async def test_a_tools_call_reaches_the_upstream_as_the_client_wrote_it(
     assert fake.bodies[-1] == body
 
 
+async def test_a_callers_trace_reaches_the_upstream_in_a_meta_of_its_own(
+    proxy: RunningProxy, upstream: tuple[FramingUpstream, str], http: aiohttp.ClientSession
+) -> None:
+    """A caller's trace context is the one thing added: in a `_meta` the client did not send."""
+    fake, _ = upstream
+    raw = RawMcp(http, proxy.mcp_url("up"))
+    await raw.initialize()
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    body = b'{"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "look"}}'
+    headers = raw.headers({"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"})
+    async with await raw.http.post(raw.url, data=body, headers=headers) as answer:
+        await answer.read()
+    forwarded = json.loads(fake.bodies[-1])
+    meta = forwarded["params"].pop("_meta")
+    assert meta["traceparent"].split("-")[1] == trace_id
+    assert forwarded == json.loads(body)
+
+
 async def test_an_upstream_event_stream_reaches_the_client_byte_for_byte(
     proxy: RunningProxy, upstream: tuple[FramingUpstream, str], http: aiohttp.ClientSession
 ) -> None:

@@ -268,6 +268,23 @@ async def test_tasks_methods_are_the_upstreams_when_it_is_not_our_task(
     assert upstream.stats()["mcp_requests"] == before
 
 
+async def test_tasks_methods_without_a_task_id_are_refused_clearly(
+    upstream: RunningUpstream, proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    """`tasks/get` with no task id, or one that is not a string, is -32602 naming `taskId`, and
+    never reaches the upstream."""
+    raw = RawMcp(http, proxy.mcp_url("up"))
+    await _initialize_with_tasks(raw)
+    before = upstream.stats()["mcp_requests"]
+    for number, params in enumerate(({}, {"taskId": 7}, {"taskId": ""}), start=20):
+        answer = await raw.post(_request(number, "tasks/get", params))
+        error = answer.last["error"]
+        assert error["code"] == -32602
+        assert error["data"]["reason"] == "invalid_params"
+        assert "taskId" in error["message"]
+    assert upstream.stats()["mcp_requests"] == before
+
+
 # --- raw JSON-RPC helpers ---
 
 

@@ -74,6 +74,15 @@ def _attempt_attributes(plan: ForwardPlan) -> dict[str, Any]:
     }
 
 
+def _carry_trace(params: JsonObject) -> None:
+    """Write the trace context into `params._meta` (the plan's own copy), creating it only when
+    there is a trace: a forwarded request never grows an empty `_meta` the client did not send."""
+    carrier: JsonObject = {}
+    tracing.inject_meta(carrier)
+    if carrier:
+        params.setdefault("_meta", {}).update(carrier)
+
+
 async def _attempt(plan: ForwardPlan) -> JsonObject:
     plan.attempts += 1
     if plan.attempts > 1:
@@ -94,7 +103,7 @@ async def _attempt(plan: ForwardPlan) -> JsonObject:
     with tracing.child_span(
         "interlock.upstream.attempt", attributes=attributes, kind=SpanKind.CLIENT
     ) as span:
-        tracing.inject_meta(plan.request["params"]["_meta"])
+        _carry_trace(plan.request["params"])
         try:
             response = await plan.send_upstream(plan.request, timeout)
         except UpstreamError as exc:

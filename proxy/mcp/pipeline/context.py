@@ -88,21 +88,26 @@ class ToolCall:
             return {"jsonrpc": "2.0", "id": self.request_id, "result": result}
         return answer.jsonrpc_error(self.request_id)
 
-    def claim_request(self) -> ClaimRequest:
-        """The ledger's view of this call. Only side-effecting calls (which have a key) claim."""
-        assert self.key is not None, "a read-only call is never ledgered"
+    def claim_request(self, key: KeyDecision | None = None) -> ClaimRequest:
+        """The ledger's view of this call under `key` (default: the call's own decided key).
+
+        A side-effecting call claims with its own key; a read-only call is ledgered only in the
+        rare cases that pass one (a deferred task, an upstream's task).
+        """
+        decided = key if key is not None else self.key
+        assert decided is not None, "a read-only call is ledgered only with a key passed in"
         kept = redacted(self.arguments, self.policy.redact)
         arguments = json.dumps(kept, ensure_ascii=False, default=str)
         return ClaimRequest(
             tenant=self.attrs.tenant,
             upstream=self.ctx.upstream.name,
             tool=self.tool,
-            idempotency_key=self.key.key,
-            key_source=self.key.source,
-            fingerprint=self.key.fingerprint,
+            idempotency_key=decided.key,
+            key_source=decided.source,
+            fingerprint=decided.fingerprint,
             arguments=arguments,
             work_class=self.work_class,
             run_id=self.attrs.run_id,
             trace_id=tracing.current_trace_id(),
-            dedup_window_s=self.key.dedup_window_s,
+            dedup_window_s=decided.dedup_window_s,
         )

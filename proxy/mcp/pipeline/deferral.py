@@ -27,7 +27,6 @@ from policies.deferral import (
 )
 from policies.keys import decide_key
 from policies.model import Config, KeyRecipe
-from policies.redaction import redacted
 from proxy.mcp.catalog import tool_task_support
 from proxy.mcp.pipeline.context import JsonObject, ToolCall
 from proxy.mcp.pipeline.outcomes import decode_replay
@@ -129,19 +128,7 @@ def _claim_request(call: ToolCall) -> ClaimRequest:
         arguments=call.arguments,
         run_id=call.attrs.run_id,
     )
-    kept = redacted(call.arguments, call.policy.redact)
-    return ClaimRequest(
-        tenant=call.attrs.tenant,
-        upstream=call.ctx.upstream.name,
-        tool=call.tool,
-        idempotency_key=key.key,
-        key_source=key.source,
-        fingerprint=key.fingerprint,
-        arguments=json.dumps(kept, ensure_ascii=False, default=str),
-        work_class=call.work_class,
-        run_id=call.attrs.run_id,
-        trace_id=tracing.current_trace_id(),
-    )
+    return call.claim_request(key)
 
 
 async def _defer(call: ToolCall) -> JsonObject:

@@ -293,9 +293,11 @@ def _plan(
 ) -> ForwardPlan:
     # Only params._meta is changed on the way up (trace context), so only that path is copied:
     # the client's message stays as it arrived, and its arguments are shared, not deep-copied.
+    # A `_meta` the client did not send is added only when there is a trace to carry.
     params = dict(call.request["params"])
-    meta = params.get("_meta")
-    params["_meta"] = dict(meta) if isinstance(meta, dict) else {}
+    if "_meta" in params:
+        meta = params["_meta"]
+        params["_meta"] = dict(meta) if isinstance(meta, dict) else {}
     request = {**call.request, "params": params}
     return ForwardPlan(
         app=call.ctx.app,

@@ -12,17 +12,14 @@ the task stays unrecorded: forwarded for whoever asks, as before, and logged.
 
 from __future__ import annotations
 
-import json
 import logging
 
-from ledger import ClaimRequest, LedgerError
-from policies.keys import fingerprint
-from policies.redaction import redacted
+from ledger import LedgerError
+from policies.keys import KeyDecision, fingerprint
 from proxy.mcp.pipeline.context import JsonObject, ToolCall
 from proxy.mcp.pipeline.outcomes import encode_outcome
 from proxy.mcp.wire.tasks import created_task_id
 from proxy.state import LEDGER
-from proxy.telemetry import tracing
 
 __all__ = ["record_upstream_task"]
 
@@ -38,19 +35,7 @@ async def record_upstream_task(call: ToolCall, response: JsonObject) -> None:
             log.warning("the upstream's task %r is not recorded: the ledger is not open", task_id)
         return
     upstream = call.ctx.upstream.name
-    kept = redacted(call.arguments, call.policy.redact)
-    request = ClaimRequest(
-        tenant=call.attrs.tenant,
-        upstream=upstream,
-        tool=call.tool,
-        idempotency_key=None,
-        key_source="none",
-        fingerprint=fingerprint(call.tool, call.arguments),
-        arguments=json.dumps(kept, ensure_ascii=False, default=str),
-        work_class=call.work_class,
-        run_id=call.attrs.run_id,
-        trace_id=tracing.current_trace_id(),
-    )
+    request = call.claim_request(KeyDecision(None, "none", fingerprint(call.tool, call.arguments)))
     try:
         claimed = await store.claim(request)
         entry = claimed.entry

@@ -47,21 +47,8 @@ class UpstreamChannel(Protocol):
 
 
 def _unchanged(message: JsonObject, original: JsonObject | None) -> bool:
-    """Whether `message` says what the client's `original` said (the client's bytes can go).
-
-    An empty `params._meta` the client did not send is no change: it carries nothing, and a
-    forwarded request must not grow fields the client never wrote.
-    """
-    if original is None:
-        return False
-    if message == original:
-        return True
-    params, sent = message.get("params"), original.get("params")
-    if not isinstance(params, dict) or not isinstance(sent, dict) or "_meta" in sent:
-        return False
-    if params.get("_meta") != {}:
-        return False
-    return {**message, "params": {k: v for k, v in params.items() if k != "_meta"}} == original
+    """Whether `message` says what the client's `original` said (the client's bytes can go)."""
+    return original is not None and message == original
 
 
 def _parsed(raw: bytes | None) -> JsonObject | None:
@@ -115,7 +102,7 @@ class HttpChannel:
         cancel: asyncio.Event | None = None,
     ) -> WireMessage:
         original = _parsed(raw)
-        unchanged = raw is not None and _unchanged(message, original)
+        unchanged = _unchanged(message, original)
         body = raw if raw is not None and unchanged else dumps(message)
         return await exchange_http(
             self._session,
