@@ -367,3 +367,29 @@ async def test_a_job_whose_attempts_never_run_is_given_up(
         assert provider.executions["refused"] == 0
         entry, _ = await proxy.store.get("refused")
         assert (entry.state, entry.attempt, entry.request) == (EntryState.REJECTED, 2, None)
+
+
+@pytest.mark.parametrize("ending", ["die", "error"])
+async def test_a_side_effect_job_that_may_have_run_ends_unknown_and_is_never_resent(
+    proxy: RunningProxy, provider: FakeProvider, http: aiohttp.ClientSession, ending: str
+) -> None:
+    """A job's attempt that was sent but proves nothing (the connection dropped after the
+    upstream acted, or a plain 500) ends `unknown`: GET answers 504 `outcome_unknown`, and the
+    job is not put back in line (the upstream sees it once, however long we wait)."""
+    held = await _saturate(proxy, provider, http)
+    key = f"maybe-{ending}"
+    location = (await _defer(proxy, http, key)).headers["Location"]
+    provider.script(ending)
+    provider.action_gate.set()  # type: ignore[union-attr]
+    await held
+    ended = await _poll(proxy, http, location)
+    assert ended.status == 504
+    assert (ended.json()["error"]["reason"], ended.headers["Interlock-Job-State"]) == (
+        "outcome_unknown",
+        "unknown",
+    )
+    await asyncio.sleep(0.5)  # several poll intervals: a job put back in line would run again
+    sent = [r for r in provider.received if r.headers.get("Idempotency-Key") == key]
+    assert len(sent) == 1
+    entry, _ = await proxy.store.get(key)
+    assert (entry.state, entry.attempt) == (EntryState.UNKNOWN, 1)
