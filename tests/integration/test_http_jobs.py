@@ -301,6 +301,25 @@ async def test_a_job_the_upstream_refuses_goes_back_in_line_and_runs_later(
     assert [h.reason for h in history if h.to_state is EntryState.ACCEPTED][-1] == "deferred_again"
 
 
+@pytest.mark.parametrize("status", [408, 425])
+async def test_a_job_answered_a_not_processed_status_goes_back_in_line(
+    proxy: RunningProxy, provider: FakeProvider, http: aiohttp.ClientSession, status: int
+) -> None:
+    """408 and 425 say the upstream did not process the request (as on the live path): the
+    job is not finished with that answer but runs again (attempt 2), and its answer is that."""
+    held = await _saturate(proxy, provider, http)
+    key = f"not-processed-{status}"
+    location = (await _defer(proxy, http, key)).headers["Location"]
+    provider.script(f"{status}:retry-after:0")
+    provider.action_gate.set()  # type: ignore[union-attr]
+    await held
+    done = await _poll(proxy, http, location)
+    assert done.status == 201
+    assert provider.executions[key] == 1
+    entry, _ = await proxy.store.get(key)
+    assert (entry.state, entry.attempt) == (EntryState.SUCCEEDED, 2)
+
+
 async def test_the_job_answer_of_a_side_effect_is_replayed_to_the_same_key(
     proxy: RunningProxy, provider: FakeProvider, http: aiohttp.ClientSession
 ) -> None:
