@@ -86,23 +86,20 @@ def full_refusal(config: Config, scope: str, service_time_s: float | None) -> Re
 def prefers_async(values: Iterable[str]) -> bool:
     """Whether `Prefer` header values (RFC 7240) ask for `respond-async` (tokens are
     case-insensitive; parameters after `;` and values after `=` do not matter)."""
-    for value in values:
-        for preference in value.split(","):
-            token = preference.split(";", 1)[0].split("=", 1)[0].strip().lower()
-            if token == "respond-async":
-                return True
-    return False
+    return any(_is_respond_async(p) for value in values for p in value.split(","))
 
 
 def without_respond_async(value: str) -> str:
     """A `Prefer` header value with `respond-async` taken out: the proxy honoured it, so the
     upstream must answer the deferred call itself, not with a job of its own."""
-    kept = [
-        p.strip()
-        for p in value.split(",")
-        if p.strip() and p.split(";", 1)[0].split("=", 1)[0].strip().lower() != "respond-async"
-    ]
+    kept = [p.strip() for p in value.split(",") if p.strip() and not _is_respond_async(p)]
     return ", ".join(kept)
+
+
+def _is_respond_async(preference: str) -> bool:
+    """Whether one preference of a `Prefer` value is `respond-async` (its token, without
+    parameters or value, case-insensitive)."""
+    return preference.split(";", 1)[0].split("=", 1)[0].strip().lower() == "respond-async"
 
 
 def poll_interval_ms(config: Config) -> int:

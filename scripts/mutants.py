@@ -235,7 +235,7 @@ MUTANTS = (
         ),
         tests=(
             "tests/integration/test_http_jobs.py::"
-            "test_a_job_lost_after_it_was_sent_is_unknown_and_never_sent_again",
+            "test_a_side_effect_job_that_may_have_run_ends_unknown_and_is_never_resent",
         ),
         why="deferred work that may have acted is put back in line and sent again",
     ),

@@ -27,7 +27,7 @@ from policies.model import UpstreamSpec
 from policies.retry import not_executed_statuses
 from proxy.errors import UpstreamError, UpstreamNotReached, UpstreamPressure
 from proxy.http.headers import request_headers
-from proxy.http.outcomes import KeptBody, outcome_of
+from proxy.http.outcomes import KeptBody, not_processed, outcome_of
 from proxy.http.paths import UnsafePath, upstream_target
 from proxy.http.upstream import HTTP_SESSIONS, open_upstream, read_chunk
 from proxy.runtime.deferred import DEFERRED
@@ -39,7 +39,6 @@ from proxy.telemetry import metrics, tracing
 __all__ = ["HttpRunner", "register_http_runner"]
 
 _MAX_CONNECT_S = 10.0
-_NOT_PROCESSED = frozenset({408, 425})
 
 
 def register_http_runner(app: web.Application) -> None:
@@ -139,8 +138,7 @@ class HttpRunner:
         finally:
             response.release()
         job.span.set_attribute(tracing.Attr.HTTP_STATUS, status)
-        not_executed = status in _NOT_PROCESSED or status in not_executed_statuses(spec)
-        if not_executed:
+        if not_processed(status, spec):
             await job.not_executed(f"not executed: upstream answered HTTP {status}", None)
             return
         if side_effect and status >= 500:

@@ -17,7 +17,7 @@ from multidict import CIMultiDict
 
 from policies.answers import Answer
 
-__all__ = ["Downstream", "sse_error_event"]
+__all__ = ["Downstream", "answer_response", "sse_error_event"]
 
 
 class _RelayedResponse(web.StreamResponse):
@@ -78,10 +78,7 @@ class Downstream:
     ) -> web.StreamResponse:
         """Answer with one of the proxy's own answers (refusal, conflict, unknown outcome...)."""
         if self.response is None:
-            extra = dict(headers or {})
-            if (retry_after := answer.retry_after_header) is not None:
-                extra["Retry-After"] = retry_after
-            return web.json_response(answer.http_body(), status=answer.http_status, headers=extra)
+            return answer_response(answer, headers)
         await self.response.write(sse_error_event(answer.http_body()))
         await self.response.write_eof()
         return self.response
@@ -119,3 +116,11 @@ class Downstream:
         if transport is not None:
             transport.close()
         return self.response
+
+
+def answer_response(answer: Answer, headers: Mapping[str, str] | None = None) -> web.Response:
+    """One of the proxy's own answers as a plain JSON response (with its `Retry-After`)."""
+    extra = dict(headers or {})
+    if (retry_after := answer.retry_after_header) is not None:
+        extra["Retry-After"] = retry_after
+    return web.json_response(answer.http_body(), status=answer.http_status, headers=extra)

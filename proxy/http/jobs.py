@@ -24,12 +24,12 @@ from aiohttp import web
 from ledger import ClaimRequest, EntryView, LedgerError, LedgerStore, LedgerUnavailable
 from ledger.deferred_ops import CANCELLED
 from policies import answers
-from policies.answers import Answer
 from policies.attributes import BadAttribute, read_attributes
 from policies.deferral import full_refusal, task_state, too_large, without_respond_async
 from policies.keys import KeyDecision, decide_key
 from policies.model import KeyRecipe
 from proxy.http.context import HttpCall
+from proxy.http.downstream import answer_response
 from proxy.http.headers import request_headers
 from proxy.http.outcomes import stored_response
 from proxy.runtime.deferred import DEFERRED
@@ -201,13 +201,6 @@ def job_json(app: web.Application, entry: EntryView) -> dict[str, Any]:
     }
 
 
-def _reply(answer: Answer, headers: dict[str, str] | None = None) -> web.Response:
-    extra = dict(headers or {})
-    if (retry_after := answer.retry_after_header) is not None:
-        extra["Retry-After"] = retry_after
-    return web.json_response(answer.http_body(), status=answer.http_status, headers=extra)
-
-
 async def _find(request: web.Request) -> tuple[LedgerStore, EntryView, str] | web.Response:
     """The job this caller names, or the answer when there is none for it."""
     config = request.app[CONFIG]
@@ -215,21 +208,21 @@ async def _find(request: web.Request) -> tuple[LedgerStore, EntryView, str] | we
     try:
         tenant = read_attributes(config, request.headers).tenant
     except BadAttribute as exc:
-        return _reply(
+        return answer_response(
             answers.bad_request(
                 answers.CODE_INVALID_PARAMS, exc.reason, str(exc), http_status=exc.status
             )
         )
     handle = request.app[LEDGER]
     if handle.store is None:
-        return _reply(answers.ledger_unavailable(handle.error or "not open"))
+        return answer_response(answers.ledger_unavailable(handle.error or "not open"))
     try:
         entry = await handle.store.deferred.task(task_id, tenant)
     except LedgerError as exc:
-        return _reply(answers.ledger_unavailable(str(exc)))
+        return answer_response(answers.ledger_unavailable(str(exc)))
     spec = config.upstreams.get(entry.upstream) if entry is not None else None
     if entry is None or spec is None or spec.kind != "http":
-        return _reply(answers.task_not_found(None))
+        return answer_response(answers.task_not_found(None))
     return handle.store, entry, tenant
 
 
@@ -246,17 +239,19 @@ async def get_job(request: web.Request) -> web.StreamResponse:
     if state in ("succeeded", "failed"):
         if entry.outcome is None:
             answer = answers.outcome_not_retained(entry.idempotency_key, entry.id, state)
-            return _reply(answer, headers)
+            return answer_response(answer, headers)
         response = stored_response(entry.outcome, replayed=False)
         response.headers.update(headers)
         return response
     if state == "unknown":
         detail = entry.error or "lost"
-        return _reply(answers.outcome_unknown(entry.idempotency_key, entry.id, detail), headers)
+        return answer_response(
+            answers.outcome_unknown(entry.idempotency_key, entry.id, detail), headers
+        )
     if state == "blocked":
         answer = answers.needs_reconciliation(entry.idempotency_key, entry.id, state)
-        return _reply(answer, headers)
-    return _reply(answers.task_ended_unrun(entry.task_id or "", entry.error), headers)
+        return answer_response(answer, headers)
+    return answer_response(answers.task_ended_unrun(entry.task_id or "", entry.error), headers)
 
 
 async def delete_job(request: web.Request) -> web.StreamResponse:
@@ -268,9 +263,11 @@ async def delete_job(request: web.Request) -> web.StreamResponse:
     try:
         result = await store.deferred.cancel(entry.id, actor=f"tenant:{tenant}", reason=CANCELLED)
     except LedgerError as exc:
-        return _reply(answers.ledger_unavailable(str(exc)))
+        return answer_response(answers.ledger_unavailable(str(exc)))
     if result.kind == "cancelled":
         return web.json_response({"job": job_json(request.app, result.entry)})
     task_id = entry.task_id or ""
     state = str(result.entry.state)
-    return _reply(answers.task_not_cancellable(task_id, state, finished=result.kind == "finished"))
+    return answer_response(
+        answers.task_not_cancellable(task_id, state, finished=result.kind == "finished")
+    )

@@ -16,12 +16,15 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from ledger import Outcome, OutcomeDigest
+from policies.model import UpstreamSpec
+from policies.retry import not_executed_statuses
 from proxy.http.headers import response_headers
 
 __all__ = [
     "REPLAYED_HEADER",
     "KeptBody",
     "encode_outcome",
+    "not_processed",
     "outcome_of",
     "replay_response",
     "stored_response",
@@ -33,6 +36,15 @@ _NOT_REPLAYED = frozenset(
 )
 _NOT_REPLAYED_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
 REPLAYED_HEADER = "Idempotent-Replayed"
+# Statuses by which any upstream says it did not process the request: request timeout, too early
+# (429, and 503/529 from a model provider, arrive earlier, as pressure).
+_NOT_PROCESSED = frozenset({408, 425})
+
+
+def not_processed(status: int, upstream: UpstreamSpec) -> bool:
+    """The upstream answered `status` to say it did not act on the request (408, 425, or one of
+    its `not_executed_statuses`): the answer is not the call's outcome and it may be sent again."""
+    return status in _NOT_PROCESSED or status in not_executed_statuses(upstream)
 
 
 def encode_outcome(status: int, headers: Iterable[tuple[str, str]], body: bytes) -> bytes:

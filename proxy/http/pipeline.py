@@ -34,7 +34,7 @@ from proxy.errors import (
 from proxy.http.attempts import CLIENT_GONE, admit, cooldown_remaining, forward, relay
 from proxy.http.context import HttpCall
 from proxy.http.jobs import defer_or_start
-from proxy.http.outcomes import KeptBody, outcome_of, replay_response
+from proxy.http.outcomes import KeptBody, not_processed, outcome_of, replay_response
 from proxy.runtime.leases import (
     AttemptNotClaimed,
     Lease,
@@ -53,9 +53,6 @@ __all__ = ["TOKEN_BUDGET", "HttpCall", "run_http_call"]
 
 
 TOKEN_BUDGET = web.AppKey("token_budget", TokenBudget)
-# Statuses by which any upstream says it did not process the request: request timeout, too early
-# (429, and 503/529 from a model provider, arrive earlier, as pressure).
-_NOT_PROCESSED = frozenset({408, 425})
 
 
 # -------------------------------------------------------------------------------- pipeline
@@ -192,7 +189,7 @@ async def _forward_and_record(
         raise
     status = opened.response.status
     # the upstream says it did not act: its answer is relayed and the key may be sent again
-    not_executed = status in _NOT_PROCESSED or status in not_executed_statuses(call.upstream)
+    not_executed = not_processed(status, call.upstream)
     try:
         if status >= 500 and not not_executed:  # it may have acted before failing
             detail = f"upstream answered HTTP {status}"

@@ -10,8 +10,9 @@ and hands it to `proxy.http.pipeline.run_http_call`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -36,18 +37,22 @@ __all__ = ["setup_http"]
 
 
 _ROUTE = "/http/{upstream}/{path}"
-_POLICY_CACHE_MAX = 1024  # distinct (upstream, method, path) decisions kept; the rest recomputed
+_POLICY_CACHE_MAX = 1024  # distinct (upstream, method, path) decisions kept, least recent evicted
 
-Classifications = dict[tuple[str, str, str], Classification]
-_CLASSIFIED = web.AppKey("http_classified", Classifications)
-"""Each (upstream, method, path)'s classification: the configuration is fixed for the app's life
-and classification is a pure function of it, so a repeated path is classified once."""
+Classify = Callable[[str, str, str], Classification]
+_CLASSIFIED: web.AppKey[Classify] = web.AppKey("http_classified")
+"""`classify_http` of this app's configuration, by (upstream, method, path): the configuration is
+fixed for the app's life and classification is a pure function of it, so a repeated path is
+classified once (a bounded LRU: paths that carry ids keep the recent ones, not the first ones)."""
 
 
 def setup_http(app: web.Application) -> None:
     """Add the HTTP proxy's route, token budget and pooled upstream sessions to `app`."""
     app[TOKEN_BUDGET] = TokenBudget(app[CONFIG].budgets, clock=time.monotonic)
-    app[_CLASSIFIED] = {}
+    classify: Classify = functools.lru_cache(maxsize=_POLICY_CACHE_MAX)(
+        functools.partial(classify_http, app[CONFIG])
+    )
+    app[_CLASSIFIED] = classify
     app.router.add_route("*", "/http/{upstream}", handle_http)
     app.router.add_route("*", "/http/{upstream}/{path:.*}", handle_http)
     app.cleanup_ctx.append(_upstream_sessions)
@@ -104,7 +109,7 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
     except BadAttribute as exc:
         return _reply(_bad(exc.reason, str(exc), exc.status, code=answers.CODE_INVALID_PARAMS))
     path = target.path  # rules, classification and the ledger see what the upstream runs
-    policy = _classified(request.app, name, request.method, path)
+    policy = request.app[_CLASSIFIED](name, request.method, path)
     is_json = _is_json(request.content_type)
     respond_async = prefers_async(request.headers.getall("Prefer", ()))
     if not request.body_exists:
@@ -177,17 +182,6 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
     finally:
         if task is not None:
             runtime.in_flight.discard(task)
-
-
-def _classified(app: web.Application, name: str, method: str, path: str) -> Classification:
-    known = app[_CLASSIFIED]
-    key = (name, method, path)
-    policy = known.get(key)
-    if policy is None:
-        policy = classify_http(app[CONFIG], name, method, path)
-        if len(known) < _POLICY_CACHE_MAX:
-            known[key] = policy
-    return policy
 
 
 def _is_json(content_type: str) -> bool:

@@ -213,3 +213,21 @@ async def test_same_origin_passes_only_on_mcp_and_only_when_host_is_checked(
         rebinding = {**MCP_HEADERS, "Host": EVIL_HOST, "Origin": EVIL_ORIGIN}
         async with http.post(proxy.mcp_url("mail"), json=INITIALIZE, headers=rebinding) as answer:
             assert answer.status == 403
+
+
+async def test_the_job_routes_are_guarded_like_http(tmp_path: Path, provider: FakeProvider):
+    """`/jobs/{id}` (added with deferred HTTP work) is behind the edge too: a cross-site DELETE
+    (foreign Origin) is 403 and a rebinding GET 421, before the route looks the job up; without
+    either, the route answers (404: no such job)."""
+    async with (
+        running_proxy(_config("http://127.0.0.1:9/mcp", provider.url), tmp_path) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        job = f"{proxy.base}/jobs/no-such-job"
+        async with http.delete(job, headers={"Origin": "https://evil.example"}) as answer:
+            assert answer.status == 403
+            assert (await answer.json())["error"]["reason"] == "origin_not_allowed"
+        async with http.get(job, headers={"Host": EVIL_HOST}) as answer:
+            assert answer.status == 421
+        async with http.get(job) as answer:
+            assert answer.status == 404

@@ -301,6 +301,25 @@ async def test_a_job_the_upstream_refuses_goes_back_in_line_and_runs_later(
     assert [h.reason for h in history if h.to_state is EntryState.ACCEPTED][-1] == "deferred_again"
 
 
+@pytest.mark.parametrize("status", [408, 425])
+async def test_a_job_answered_a_not_processed_status_goes_back_in_line(
+    proxy: RunningProxy, provider: FakeProvider, http: aiohttp.ClientSession, status: int
+) -> None:
+    """408 and 425 say the upstream did not process the request (as on the live path): the
+    job is not finished with that answer but runs again (attempt 2), and its answer is that."""
+    held = await _saturate(proxy, provider, http)
+    key = f"not-processed-{status}"
+    location = (await _defer(proxy, http, key)).headers["Location"]
+    provider.script(f"{status}:retry-after:0")
+    provider.action_gate.set()  # type: ignore[union-attr]
+    await held
+    done = await _poll(proxy, http, location)
+    assert done.status == 201
+    assert provider.executions[key] == 1
+    entry, _ = await proxy.store.get(key)
+    assert (entry.state, entry.attempt) == (EntryState.SUCCEEDED, 2)
+
+
 async def test_the_job_answer_of_a_side_effect_is_replayed_to_the_same_key(
     proxy: RunningProxy, provider: FakeProvider, http: aiohttp.ClientSession
 ) -> None:
@@ -369,21 +388,27 @@ async def test_a_job_whose_attempts_never_run_is_given_up(
         assert (entry.state, entry.attempt, entry.request) == (EntryState.REJECTED, 2, None)
 
 
-async def test_a_job_lost_after_it_was_sent_is_unknown_and_never_sent_again(
-    proxy: RunningProxy, provider: FakeProvider, http: aiohttp.ClientSession
+@pytest.mark.parametrize("ending", ["die", "error"])
+async def test_a_side_effect_job_that_may_have_run_ends_unknown_and_is_never_resent(
+    proxy: RunningProxy, provider: FakeProvider, http: aiohttp.ClientSession, ending: str
 ) -> None:
-    """The upstream acted on the job and the connection died before the answer: the job is
-    `unknown` (the caller's GET says so), it is not put back in line, and the upstream's own
-    count stays at one execution — no blind retry."""
+    """A job's attempt that was sent but proves nothing (the connection dropped after the
+    upstream acted, or a plain 500) ends `unknown`: GET answers 504 `outcome_unknown`, and the
+    job is not put back in line (the upstream sees it once, however long we wait)."""
     held = await _saturate(proxy, provider, http)
-    location = (await _defer(proxy, http, "lost-job")).headers["Location"]
-    provider.script("die")
+    key = f"maybe-{ending}"
+    location = (await _defer(proxy, http, key)).headers["Location"]
+    provider.script(ending)
     provider.action_gate.set()  # type: ignore[union-attr]
     await held
-    done = await _poll(proxy, http, location)
-    assert done.status == 504
-    assert done.json()["error"]["state"] == "unknown"
-    await asyncio.sleep(0.5)  # five dispatcher polls: time for a wrong retry to happen
-    assert provider.executions["lost-job"] == 1
-    entry, _ = await proxy.store.get("lost-job")
-    assert entry.state is EntryState.UNKNOWN
+    ended = await _poll(proxy, http, location)
+    assert ended.status == 504
+    assert (ended.json()["error"]["reason"], ended.headers["Interlock-Job-State"]) == (
+        "outcome_unknown",
+        "unknown",
+    )
+    await asyncio.sleep(0.5)  # several poll intervals: a job put back in line would run again
+    sent = [r for r in provider.received if r.headers.get("Idempotency-Key") == key]
+    assert len(sent) == 1
+    entry, _ = await proxy.store.get(key)
+    assert (entry.state, entry.attempt) == (EntryState.UNKNOWN, 1)
