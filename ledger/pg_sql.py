@@ -129,9 +129,7 @@ async def flush(conn: asyncpg.Connection, ws: WorkingSet) -> bool:
         for columns, rows in groups.items():
             await conn.execute(_update_by_id(columns), *_columns_of(rows, len(columns) + 1))
         groups = {}
-    new_rows = [ws.rows[i] for i in ws.new_ids]
-    # A fixed order, so that two batches inserting the same keys wait rather than deadlock.
-    new_rows.sort(key=lambda r: (r.idempotency_key, r.tenant, r.upstream))
+    new_rows = ws.new_rows()
     if groups or new_rows or ws.history:
         args: list[list[Any]] = []
         for columns, rows in groups.items():
