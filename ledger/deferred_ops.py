@@ -22,6 +22,7 @@ from ledger.operations import (
     Finish,
     _begin_lease,
     _current_row,
+    _declare_key,
     _get,
     _new_row,
     _owned_running,
@@ -114,8 +115,7 @@ class Defer:
     max_per_upstream: int
 
     def declare(self, needs: Needs) -> None:
-        if self.req.idempotency_key is not None:
-            needs.keys.add((self.req.tenant, self.req.upstream, self.req.idempotency_key))
+        _declare_key(needs, self.req)
         AcceptedCounts.of(needs).add(self.req.tenant, self.req.upstream)
 
     def _full(self, ws: WorkingSet) -> str | None:

@@ -67,6 +67,12 @@ def _get(ws: WorkingSet, entry_id: str) -> EntryRow:
     return row
 
 
+def _declare_key(needs: Needs, req: ClaimRequest) -> None:
+    """The entry `req`'s idempotency key names, if it has one (a keyless call starts a new one)."""
+    if req.idempotency_key is not None:
+        needs.keys.add((req.tenant, req.upstream, req.idempotency_key))
+
+
 def _lease_end(ctx: OpContext) -> timedelta:
     return timedelta(seconds=ctx.lease_s)
 
@@ -232,8 +238,7 @@ class Claim:
     req: ClaimRequest
 
     def declare(self, needs: Needs) -> None:
-        if self.req.idempotency_key is not None:
-            needs.keys.add((self.req.tenant, self.req.upstream, self.req.idempotency_key))
+        _declare_key(needs, self.req)
 
     def apply(self, ws: WorkingSet, ctx: OpContext) -> ClaimResult:
         req = self.req
@@ -392,8 +397,7 @@ class RecordRejection:
     entry_id: str | None = None
 
     def declare(self, needs: Needs) -> None:
-        if self.req.idempotency_key is not None:
-            needs.keys.add((self.req.tenant, self.req.upstream, self.req.idempotency_key))
+        _declare_key(needs, self.req)
 
     def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView | None:
         req = self.req
