@@ -195,6 +195,14 @@ class WorkingSet:
         self._add(row)
         self.new_ids.append(row.id)
 
+    def new_rows(self) -> list[EntryRow]:
+        """The rows this batch inserts, in key order: two batches inserting the same keys then
+        wait for each other rather than deadlock."""
+        return sorted(
+            (self.rows[i] for i in self.new_ids),
+            key=lambda r: (r.idempotency_key, r.tenant, r.upstream),
+        )
+
     def touch(self, row: EntryRow, now: datetime) -> None:
         """Mark a row as changed by this batch."""
         row.updated_at = now

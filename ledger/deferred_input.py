@@ -12,8 +12,7 @@ from typing import Literal
 
 from ledger.batch import Needs, OpContext, WorkingSet, stored_outcome
 from ledger.deferred_ops import INPUT_REQUIRED, _bump, waits_for_input
-from ledger.errors import IllegalTransition
-from ledger.operations import _expire_if_lapsed, _get, _refuse_stale
+from ledger.operations import _get, _owned_running, _set_aside
 from ledger.states import EntryState
 from ledger.views import EntryView
 
@@ -47,23 +46,15 @@ class AwaitInput:
         needs.ids.add(self.entry_id)
 
     def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView:
-        row = _get(ws, self.entry_id)
-        _expire_if_lapsed(ws, row, ctx, actor=ctx.owner)
-        if self.token != row.fencing_token:
-            raise _refuse_stale(ws, row, ctx, self.token, {"op": "await_input"})
-        if row.state != _S.RUNNING or row.request is None:
-            raise IllegalTransition(
-                row.id, row.state, _S.REJECTED, "only running deferred work waits for input"
-            )
-        row.state = _S.REJECTED
-        row.fencing_token += 1
-        row.lease_expires_at = None
+        report = {"op": "await_input"}
+        why = "only running deferred work waits for input"
+        row = _owned_running(
+            ws, ctx, self.entry_id, self.token, report, _S.REJECTED, why, with_request=True
+        )
         row.outcome, row.outcome_hash, row.outcome_retained = stored_outcome(
             self.question, self.max_bytes
         )
-        row.error, row.retry_after_s = INPUT_REQUIRED, None
-        ws.touch(row, ctx.now)
-        ws.record(row, _S.RUNNING, at=ctx.now, actor=ctx.owner, reason=INPUT_REQUIRED)
+        _set_aside(ws, row, ctx, reason=INPUT_REQUIRED, error=INPUT_REQUIRED, retry_after_s=None)
         return row.view()
 
 

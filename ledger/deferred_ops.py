@@ -18,15 +18,15 @@ from typing import Literal
 
 from ledger.batch import EntryRow, Needs, OpContext, WorkingSet
 from ledger.deferred_queries import AcceptedCounts, ClaimableRows
-from ledger.errors import IllegalTransition
 from ledger.operations import (
     Finish,
+    _begin_lease,
     _current_row,
-    _expire_if_lapsed,
+    _declare_key,
     _get,
-    _lease_end,
     _new_row,
-    _refuse_stale,
+    _owned_running,
+    _set_aside,
 )
 from ledger.states import NEEDS_RECONCILIATION, TERMINAL, EntryState
 from ledger.views import ClaimRequest, EntryView, Outcome
@@ -115,8 +115,7 @@ class Defer:
     max_per_upstream: int
 
     def declare(self, needs: Needs) -> None:
-        if self.req.idempotency_key is not None:
-            needs.keys.add((self.req.tenant, self.req.upstream, self.req.idempotency_key))
+        _declare_key(needs, self.req)
         AcceptedCounts.of(needs).add(self.req.tenant, self.req.upstream)
 
     def _full(self, ws: WorkingSet) -> str | None:
@@ -191,16 +190,7 @@ class ClaimDeferred:
         row = ws.rows.get(self.entry_id)
         if row is None or row.state != _S.ACCEPTED or row.request is None:
             return None
-        row.state = _S.RUNNING
-        row.attempt += 1
-        row.fencing_token += 1
-        row.owner = ctx.owner
-        row.lease_expires_at = ctx.now + _lease_end(ctx)
-        row.started_at = ctx.now
-        row.finished_at = None
-        row.outcome, row.outcome_hash, row.outcome_retained = None, None, True
-        row.error = None
-        row.retry_after_s = None
+        _begin_lease(row, ctx)  # its work class, run and trace are the ones `Defer` kept
         ws.touch(row, ctx.now)
         ws.record(row, _S.ACCEPTED, at=ctx.now, actor=ctx.owner, reason="claimed_deferred")
         return row.view()
@@ -222,23 +212,19 @@ class Requeue:
         needs.ids.add(self.entry_id)
 
     def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView:
-        row = _get(ws, self.entry_id)
-        _expire_if_lapsed(ws, row, ctx, actor=ctx.owner)
-        if self.token != row.fencing_token:
-            report = {"op": "requeue", "reason": self.reason}
-            raise _refuse_stale(ws, row, ctx, self.token, report)
-        if row.state != _S.RUNNING or row.request is None:
-            raise IllegalTransition(
-                row.id, row.state, _S.ACCEPTED, "only running deferred work is put back in line"
-            )
-        row.state = _S.REJECTED
-        row.fencing_token += 1
-        row.lease_expires_at = None
-        row.error, row.retry_after_s = self.reason, self.retry_after_s
-        ws.touch(row, ctx.now)
-        evidence = {"retry_after_s": self.retry_after_s}
-        ws.record(
-            row, _S.RUNNING, at=ctx.now, actor=ctx.owner, reason=self.reason, evidence=evidence
+        report = {"op": "requeue", "reason": self.reason}
+        why = "only running deferred work is put back in line"
+        row = _owned_running(
+            ws, ctx, self.entry_id, self.token, report, _S.ACCEPTED, why, with_request=True
+        )
+        _set_aside(
+            ws,
+            row,
+            ctx,
+            reason=self.reason,
+            error=self.reason,
+            retry_after_s=self.retry_after_s,
+            evidence={"retry_after_s": self.retry_after_s},
         )
         if self.give_up:
             row.request = None

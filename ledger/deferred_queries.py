@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -41,23 +41,32 @@ UPSTREAM_TASK_PREFIX = "up:"
 proxy's own are URL-safe base64, which never contains ':'."""
 
 
+class _BatchLoader:
+    """A loader the operations of one batch share: `of(needs)` is the batch's one instance."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, needs: Needs) -> Self:
+        """The batch's loader (one per batch, whatever the number of operations)."""
+        for existing in needs.loaders:
+            if isinstance(existing, cls):
+                return existing
+        loader = cls()
+        needs.loaders.append(loader)
+        return loader
+
+    def __call__(self, conn: sa.Connection, ws: WorkingSet, *, now: datetime, dialect: str) -> None:
+        raise NotImplementedError
+
+
 @dataclass(slots=True)
-class AcceptedCounts:
+class AcceptedCounts(_BatchLoader):
     """Loader: waiting deferred work per tenant and per upstream, into `ws.facts`
     (`accepted_by_tenant`, `accepted_by_upstream`)."""
 
     tenants: set[str] = field(default_factory=set)
     upstreams: set[str] = field(default_factory=set)
-
-    @classmethod
-    def of(cls, needs: Needs) -> AcceptedCounts:
-        """The batch's loader (one per batch, whatever the number of operations)."""
-        for loader in needs.loaders:
-            if isinstance(loader, cls):
-                return loader
-        loader = cls()
-        needs.loaders.append(loader)
-        return loader
 
     def add(self, tenant: str, upstream: str) -> None:
         self.tenants.add(tenant)
@@ -78,20 +87,11 @@ class AcceptedCounts:
 
 
 @dataclass(slots=True)
-class ClaimableRows:
+class ClaimableRows(_BatchLoader):
     """Loader: the named entries that are waiting deferred work, each locked by this batch or
     left out (another replica is claiming it)."""
 
     ids: set[str] = field(default_factory=set)
-
-    @classmethod
-    def of(cls, needs: Needs) -> ClaimableRows:
-        for loader in needs.loaders:
-            if isinstance(loader, cls):
-                return loader
-        loader = cls()
-        needs.loaders.append(loader)
-        return loader
 
     def add(self, entry_id: str) -> None:
         self.ids.add(entry_id)

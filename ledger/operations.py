@@ -67,6 +67,12 @@ def _get(ws: WorkingSet, entry_id: str) -> EntryRow:
     return row
 
 
+def _declare_key(needs: Needs, req: ClaimRequest) -> None:
+    """The entry `req`'s idempotency key names, if it has one (a keyless call starts a new one)."""
+    if req.idempotency_key is not None:
+        needs.keys.add((req.tenant, req.upstream, req.idempotency_key))
+
+
 def _lease_end(ctx: OpContext) -> timedelta:
     return timedelta(seconds=ctx.lease_s)
 
@@ -129,7 +135,13 @@ def _current_row(ws: WorkingSet, req: ClaimRequest, ctx: OpContext) -> EntryRow 
 
 
 def _start_attempt(row: EntryRow, req: ClaimRequest, ctx: OpContext) -> None:
-    """Make `row` running under a fresh lease owned by `ctx.owner`."""
+    """Make `row` running under a fresh lease owned by `ctx.owner`, for `req`'s caller."""
+    _begin_lease(row, ctx)
+    row.work_class, row.run_id, row.trace_id = req.work_class, req.run_id, req.trace_id
+
+
+def _begin_lease(row: EntryRow, ctx: OpContext) -> None:
+    """Make `row` running as a new attempt under a fresh lease owned by `ctx.owner`."""
     row.state = _S.RUNNING
     row.attempt += 1
     row.fencing_token += 1
@@ -140,7 +152,6 @@ def _start_attempt(row: EntryRow, req: ClaimRequest, ctx: OpContext) -> None:
     row.outcome, row.outcome_hash, row.outcome_retained = None, None, True
     row.error = None
     row.retry_after_s = None
-    row.work_class, row.run_id, row.trace_id = req.work_class, req.run_id, req.trace_id
 
 
 def _expire_if_lapsed(ws: WorkingSet, row: EntryRow, ctx: OpContext, *, actor: str) -> bool:
@@ -172,6 +183,54 @@ def _refuse_stale(
     return StaleToken(row.id, token, row.fencing_token, row.state)
 
 
+def _owned_running(
+    ws: WorkingSet,
+    ctx: OpContext,
+    entry_id: str,
+    token: int,
+    report: Mapping[str, object],
+    target: EntryState,
+    why: str,
+    *,
+    with_request: bool = False,
+) -> EntryRow:
+    """The running entry whose lease `token` still names (and, `with_request`, that still holds
+    its deferred request). A lapsed lease turns it unknown first, so a late report never
+    revives it.
+
+    Raises:
+        EntryNotFound: no such entry.
+        StaleToken: `token` no longer names its lease (`report` is kept as a note).
+        IllegalTransition: it is not running (to `target`, `why`).
+    """
+    row = _get(ws, entry_id)
+    _expire_if_lapsed(ws, row, ctx, actor=ctx.owner)
+    if token != row.fencing_token:
+        raise _refuse_stale(ws, row, ctx, token, report)
+    if row.state != _S.RUNNING or (with_request and row.request is None):
+        raise IllegalTransition(row.id, row.state, target, why)
+    return row
+
+
+def _set_aside(
+    ws: WorkingSet,
+    row: EntryRow,
+    ctx: OpContext,
+    *,
+    reason: str,
+    error: str,
+    retry_after_s: float | None,
+    evidence: dict[str, object] | None = None,
+) -> None:
+    """Running → rejected: this attempt certainly did nothing; its lease ends (token bumped)."""
+    row.state = _S.REJECTED
+    row.fencing_token += 1
+    row.lease_expires_at = None
+    row.error, row.retry_after_s = error, retry_after_s
+    ws.touch(row, ctx.now)
+    ws.record(row, _S.RUNNING, at=ctx.now, actor=ctx.owner, reason=reason, evidence=evidence)
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     """Idempotency check and write-ahead in one step."""
@@ -179,8 +238,7 @@ class Claim:
     req: ClaimRequest
 
     def declare(self, needs: Needs) -> None:
-        if self.req.idempotency_key is not None:
-            needs.keys.add((self.req.tenant, self.req.upstream, self.req.idempotency_key))
+        _declare_key(needs, self.req)
 
     def apply(self, ws: WorkingSet, ctx: OpContext) -> ClaimResult:
         req = self.req
@@ -289,23 +347,17 @@ class ReleaseUnsent:
         needs.ids.add(self.entry_id)
 
     def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView:
-        row = _get(ws, self.entry_id)
-        _expire_if_lapsed(ws, row, ctx, actor=ctx.owner)
-        if self.token != row.fencing_token:
-            report = {"op": "release_unsent", "reason": self.reason}
-            raise _refuse_stale(ws, row, ctx, self.token, report)
-        if row.state != _S.RUNNING:
-            raise IllegalTransition(
-                row.id, row.state, _S.REJECTED, "only a running entry is released"
-            )
-        row.state = _S.REJECTED
-        row.fencing_token += 1
-        row.lease_expires_at = None
-        row.error, row.retry_after_s = self.reason, self.retry_after_s
-        ws.touch(row, ctx.now)
-        evidence = {"retry_after_s": self.retry_after_s}
-        ws.record(
-            row, _S.RUNNING, at=ctx.now, actor=ctx.owner, reason=self.reason, evidence=evidence
+        report = {"op": "release_unsent", "reason": self.reason}
+        why = "only a running entry is released"
+        row = _owned_running(ws, ctx, self.entry_id, self.token, report, _S.REJECTED, why)
+        _set_aside(
+            ws,
+            row,
+            ctx,
+            reason=self.reason,
+            error=self.reason,
+            retry_after_s=self.retry_after_s,
+            evidence={"retry_after_s": self.retry_after_s},
         )
         return row.view()
 
@@ -345,8 +397,7 @@ class RecordRejection:
     entry_id: str | None = None
 
     def declare(self, needs: Needs) -> None:
-        if self.req.idempotency_key is not None:
-            needs.keys.add((self.req.tenant, self.req.upstream, self.req.idempotency_key))
+        _declare_key(needs, self.req)
 
     def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView | None:
         req = self.req

@@ -129,9 +129,7 @@ async def flush(conn: asyncpg.Connection, ws: WorkingSet) -> bool:
         for columns, rows in groups.items():
             await conn.execute(_update_by_id(columns), *_columns_of(rows, len(columns) + 1))
         groups = {}
-    new_rows = [ws.rows[i] for i in ws.new_ids]
-    # A fixed order, so that two batches inserting the same keys wait rather than deadlock.
-    new_rows.sort(key=lambda r: (r.idempotency_key, r.tenant, r.upstream))
+    new_rows = ws.new_rows()
     if groups or new_rows or ws.history:
         args: list[list[Any]] = []
         for columns, rows in groups.items():
@@ -163,14 +161,8 @@ def _writes(groups: tuple[tuple[str, ...], ...], new: bool, history: bool) -> st
     parts: list[str] = []
     n = 1
     for i, columns in enumerate(groups):
-        names = ["id", *columns]
-        assignments = ", ".join(f"{name} = u.{name}" for name in columns)
-        parts.append(
-            f"u{i} AS (UPDATE ledger_entries AS e SET {assignments} "
-            f"FROM unnest({_arrays([_TYPES[name] for name in names], n)}) "
-            f"AS u ({', '.join(names)}) WHERE e.id = u.id)"
-        )
-        n += len(names)
+        parts.append(f"u{i} AS ({_update_by_id(columns, n)})")
+        n += 1 + len(columns)
     if new:
         parts.append(
             f"inserted AS (INSERT INTO ledger_entries ({_COLUMNS}) "
@@ -203,12 +195,13 @@ def _columns_of(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
 
 
 @functools.lru_cache(maxsize=64)
-def _update_by_id(columns: tuple[str, ...]) -> str:
-    """UPDATE of these columns of many rows by id, from one array per column."""
+def _update_by_id(columns: tuple[str, ...], first: int = 1) -> str:
+    """UPDATE of these columns of many rows by id, from one array per column (the ids', then
+    each column's), numbered from parameter `first`."""
     names = ["id", *columns]
     assignments = ", ".join(f"{name} = u.{name}" for name in columns)
     return (
         f"UPDATE ledger_entries AS e SET {assignments} "
-        f"FROM unnest({_arrays([_TYPES[name] for name in names])}) AS u ({', '.join(names)}) "
-        "WHERE e.id = u.id"
+        f"FROM unnest({_arrays([_TYPES[name] for name in names], first)}) "
+        f"AS u ({', '.join(names)}) WHERE e.id = u.id"
     )

@@ -57,16 +57,12 @@ def _locking(stmt: sa.Select[Any], dialect: str, *, skip_locked: bool = False) -
     return stmt.with_for_update(skip_locked=skip_locked)
 
 
-_SQLITE_NOW = sa.text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
 _PG_NOW = sa.text("SELECT clock_timestamp()")
 
 
 def database_now(conn: sa.Connection) -> datetime:
-    """The database's clock, timezone-aware UTC: PostgreSQL's `clock_timestamp()`; for SQLite
-    (one host by nature) the host's clock as SQLite reads it, to the millisecond."""
-    if conn.dialect.name == "sqlite":
-        text = conn.execute(_SQLITE_NOW).scalar_one()
-        return datetime.fromisoformat(f"{text}+00:00")
+    """PostgreSQL's clock (`clock_timestamp()`), timezone-aware UTC. SQLite's is
+    `ledger.sqlite_sql.database_now`."""
     moment: datetime = conn.execute(_PG_NOW).scalar_one()
     return moment.astimezone(UTC)
 

@@ -120,9 +120,7 @@ def flush(conn: sqlite3.Connection, ws: WorkingSet) -> bool:
 
 
 def _insert_new(conn: sqlite3.Connection, ws: WorkingSet, text: _TimeTexts) -> bool:
-    new_rows = [ws.rows[i] for i in ws.new_ids]
-    # A fixed order, so that two batches inserting the same keys wait rather than deadlock.
-    new_rows.sort(key=lambda r: (r.idempotency_key, r.tenant, r.upstream))
+    new_rows = ws.new_rows()
     rows = [list(_row_tuple(r)) for r in new_rows]
     for params in rows:
         for i in _TIME_INDEXES:

@@ -218,7 +218,7 @@ class SQLiteTransactions:
 
         def full() -> list[object]:
             ws = WorkingSet()
-            ctx = self._context(self._clock() if self._clock else queries.database_now(conn))
+            ctx = self._context(self._clock() if self._clock else sqlite_sql.database_now(raw))
             queries.load(conn, needs, ws, now=ctx.now, dialect="sqlite")
             return self._finish(raw, ops, ws, ctx)
 

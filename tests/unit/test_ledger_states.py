@@ -16,6 +16,8 @@ from ledger import (
     StaleToken,
 )
 from ledger.batch import OpContext, WorkingSet
+from ledger.deferred_input import AwaitInput
+from ledger.deferred_ops import ClaimDeferred, Defer, Requeue
 from ledger.operations import (
     Claim,
     Finish,
@@ -122,6 +124,27 @@ def test_stale_finish_leaves_a_note_and_changes_nothing_else() -> None:
     )
     assert '"outcome_bytes": 100' in note["evidence"]
     assert "outcome_b64" not in note["evidence"]  # over max_outcome_bytes: only its hash
+
+
+@pytest.mark.parametrize("late", ["requeue", "await_input"])
+def test_a_lapsed_deferred_attempt_stays_unknown_whatever_its_owner_reports(late: str) -> None:
+    """Deferred work whose lease lapsed may have run: its owner's late requeue (or question) is
+    refused as stale, and it stays unknown rather than going back in line."""
+    ledger = MemoryLedger()
+    entry = ledger.run(Defer(claim_request("k"), b"request", 10, 10)).entry
+    claimed = ledger.run(ClaimDeferred(entry.id))
+    ledger.clock.advance(11)
+    token = claimed.fencing_token
+    op: Operation[Any] = (
+        Requeue(entry.id, token, "not executed: 429", 1.0)
+        if late == "requeue"
+        else AwaitInput(entry.id, token, b"which one?", 64)
+    )
+    with pytest.raises(StaleToken):
+        ledger.run(op)
+    row = ledger.ws.rows[entry.id]
+    assert (row.state, row.request) == (S.UNKNOWN, b"request")
+    assert [h["reason"] for h in ledger.ws.history[-2:]] == ["lease_expired", "stale_report"]
 
 
 def test_finish_of_missing_entry() -> None:
