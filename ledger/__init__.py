@@ -1,6 +1,7 @@
 """The durable side-effect ledger: write-ahead claims keyed by idempotency key, leases with
 fencing tokens, an append-only history, and group commit (see DESIGN.md, "Ledger states")."""
 
+from ledger.deferred_ops import waits_for_input
 from ledger.errors import (
     AmbiguousReference,
     EntryNotFound,
@@ -46,4 +47,5 @@ __all__ = [
     "migrate_ledger",
     "transition_json",
     "utcnow",
+    "waits_for_input",
 ]

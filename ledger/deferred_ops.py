@@ -88,8 +88,8 @@ class CancelResult:
     entry: EntryView
 
 
-def waits_for_input(row: EntryRow) -> bool:
-    """Parked by `AwaitInput` and not answered (nor cancelled) since."""
+def waits_for_input(row: EntryRow | EntryView) -> bool:
+    """Parked by `AwaitInput` and not answered (nor cancelled) since (a row, or a caller's view)."""
     return row.state == _S.REJECTED and row.error == INPUT_REQUIRED and row.request is not None
 
 

@@ -13,21 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ledger import EntryView
-from policies.deferral import INPUT_REQUIRED_ERROR
+from ledger import EntryView, waits_for_input
 from proxy.runtime.deferred_job import decode_envelope, encode_envelope
 
 __all__ = ["answered_request", "input_requests", "waits_for_input"]
-
-
-def waits_for_input(entry: EntryView) -> bool:
-    """The entry is parked on its tool's question (and still holds its request)."""
-    return (
-        str(entry.state) == "rejected"
-        and entry.error == INPUT_REQUIRED_ERROR
-        and entry.request is not None
-        and entry.outcome is not None
-    )
 
 
 def _question(entry: EntryView) -> dict[str, Any]:
