@@ -17,10 +17,12 @@ module binds those modules to the providers it built.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
+import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry import metrics as metrics_api
@@ -32,6 +34,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from policies.model import TelemetrySettings
 from proxy.telemetry import metrics, tracing
@@ -72,6 +76,32 @@ class _DropCounter:
         with self._lock:
             self.total += count
         self._counter.add(count, {"reason": reason})
+
+
+@functools.lru_cache(maxsize=256)
+def _label_name(attribute: str) -> str:
+    """An attribute key as a Prometheus label name (`mcp.method.name` -> `mcp_method_name`)."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", attribute)
+
+
+class _Histograms(Collector):
+    """Renders the proxy's bucket-count histograms (`metrics.Histogram`) on one registry."""
+
+    def __init__(self, histograms: Sequence[metrics.Histogram]) -> None:
+        self._histograms = tuple(histograms)
+
+    def collect(self) -> Iterator[Metric]:
+        for histogram in self._histograms:
+            name = histogram.name
+            family = Metric(name, histogram.description, "histogram")
+            bounds = [*(str(bound) for bound in histogram.bounds), "+Inf"]
+            for attrs, cumulative, total in histogram.series():
+                labels = {_label_name(k): v for k, v in attrs.items()}
+                for le, count in zip(bounds, cumulative, strict=True):
+                    family.add_sample(f"{name}_bucket", labels | {"le": le}, count)
+                family.add_sample(f"{name}_count", labels, cumulative[-1])
+                family.add_sample(f"{name}_sum", labels, total)
+            yield family
 
 
 class _Gate:
@@ -273,6 +303,7 @@ def configure_telemetry(
         _active = handle
         tracing.bind_tracer_provider(handle.tracer_provider or trace_api.NoOpTracerProvider())
         metrics.bind_meter_provider(meter_provider)
+        registry.register(_Histograms(metrics.bound_histograms()))
         if set_global and not _globals_set:
             _globals_set = True
             metrics_api.set_meter_provider(meter_provider)

@@ -140,3 +140,64 @@ def test_counters_stay_cumulative_across_scrapes(handle: TelemetryHandle) -> Non
     assert samples[key] == 3
     queued = ("interlock_admission_decisions_total", (("decision", "queued"), ("upstream", "m")))
     assert samples[queued] == 1
+
+
+def test_histograms_count_each_value_in_its_bucket_cumulatively(handle: TelemetryHandle) -> None:
+    """Bounds are inclusive upper limits; buckets, count and sum stay cumulative across scrapes,
+    one series per label set."""
+
+    def bucket(le: str, upstream: str = "mail") -> float:
+        name = "interlock_queue_wait_seconds_bucket"
+        return samples[(name, (("le", le), ("upstream", upstream)))]
+
+    for seconds in (0.005, 0.0051, 0.3, 400.0):
+        metrics.queue_wait("mail", seconds)
+    metrics.queue_wait("files", 0.001)
+    samples = scrape(handle)
+    assert [bucket(le) for le in ("0.005", "0.01", "0.25", "0.5", "300", "+Inf")] == [
+        1,
+        2,
+        2,
+        3,
+        3,
+        4,
+    ]
+    assert samples[("interlock_queue_wait_seconds_count", (("upstream", "mail"),))] == 4
+    assert samples[("interlock_queue_wait_seconds_sum", (("upstream", "mail"),))] == pytest.approx(
+        400.3101
+    )
+    assert bucket("0.005", "files") == 1
+    metrics.queue_wait("mail", 2.0)
+    samples = scrape(handle)
+    assert bucket("2.5") == 4
+    assert bucket("+Inf") == 5
+    assert samples[("interlock_queue_wait_seconds_count", (("upstream", "mail"),))] == 5
+
+
+def test_histograms_are_declared_with_help_and_type(handle: TelemetryHandle) -> None:
+    """Each histogram family carries its description and the histogram type, recorded or not."""
+    text = generate_latest(handle.registry).decode()
+    assert "# TYPE interlock_queue_wait_seconds histogram" in text
+    assert "# HELP interlock_queue_wait_seconds Time calls waited for admission" in text
+    metrics.first_byte("mail", 0.01)
+    families = {f.name: f for f in text_string_to_metric_families(scrape_text(handle))}
+    assert families["interlock_admission_to_first_byte_seconds"].type == "histogram"
+
+
+def test_a_new_handle_starts_its_histograms_empty() -> None:
+    """Values recorded while one handle was bound never show in the next handle's registry."""
+    first = configure_telemetry(TelemetrySettings(), enabled=False, set_global=False)
+    metrics.first_byte("mail", 0.2)
+    first.shutdown()
+    second = configure_telemetry(TelemetrySettings(), enabled=False, set_global=False)
+    try:
+        assert not [k for k in scrape(second) if k[0].startswith("interlock_admission_to_first")]
+        metrics.first_byte("mail", 0.2)
+        count = ("interlock_admission_to_first_byte_seconds_count", (("upstream", "mail"),))
+        assert scrape(second)[count] == 1
+    finally:
+        second.shutdown()
+
+
+def scrape_text(h: TelemetryHandle) -> str:
+    return generate_latest(h.registry).decode()
