@@ -135,7 +135,7 @@ async def _drive(
 
 
 async def _run(quick: bool) -> list[Table]:
-    seconds = 0.4 if quick else 0.8
+    seconds = 0.4 if quick else 2.0
     rounds = 1 if quick else 2
     concurrency = _CONCURRENCY
     bodies = {"json": json.dumps(_CHAT).encode(), "stream": json.dumps(_STREAM).encode()}

@@ -234,7 +234,7 @@ async def _measure_target(
 
 
 async def _run(quick: bool) -> list[Table]:
-    calls = 100 if quick else 300
+    calls = 100 if quick else 1000
     rounds = 1 if quick else 2
     results: dict[Cell, Result] = {}
     async with counted_upstream() as (upstream, counter):
