@@ -65,6 +65,9 @@ class HttpUpstreams:
                 ),
                 connector=aiohttp.TCPConnector(limit=spec.max_connections, force_close=False),
                 skip_auto_headers=("User-Agent",),
+                # Every caller shares this session: a jar would replay a cookie the upstream set
+                # in one caller's answer on every other caller's requests.
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
             self._sessions[spec.name] = session
         return session
