@@ -250,6 +250,17 @@ MUTANTS = (
         ),
         why="refusals answered before a graceful stop are never recorded as rejected",
     ),
+    Mutant(
+        name="MCP upstream session keeps a cookie jar",
+        path="proxy/mcp/upstreams/streamable_http.py",
+        module="proxy.mcp.upstreams.streamable_http",
+        edits=(("                cookie_jar=aiohttp.DummyCookieJar(),\n", ""),),
+        tests=(
+            "tests/integration/test_upstream_cookies.py::"
+            "test_a_cookie_one_caller_was_given_never_rides_on_another_callers_call",
+        ),
+        why="a cookie the upstream set for one caller is sent on every other caller's calls",
+    ),
 )
 
 
