@@ -21,7 +21,13 @@ import pytest
 from aiohttp import web
 
 from tests.integration import mcp_proxy_harness
-from tests.integration.mcp_proxy_harness import RawMcp, RunningProxy, http_upstream, running_proxy
+from tests.integration.mcp_proxy_harness import (
+    RawMcp,
+    RunningProxy,
+    http_upstream,
+    running_proxy,
+    serving_mcp,
+)
 from tests.integration.proxy_harness import running_proxy as running_http_proxy
 from tests.integration.proxy_harness import serving
 
@@ -56,10 +62,8 @@ class CookieSettingUpstream:
 @pytest.fixture
 async def upstream() -> AsyncIterator[tuple[CookieSettingUpstream, str]]:
     fake = CookieSettingUpstream()
-    app = web.Application()
-    app.router.add_route("*", "/mcp", fake.handle)
-    async with serving(app) as base:
-        yield fake, f"{base.replace('127.0.0.1', 'localhost')}/mcp"
+    async with serving_mcp(fake.handle) as url:
+        yield fake, url.replace("127.0.0.1", "localhost")
 
 
 @pytest.fixture
