@@ -16,11 +16,9 @@ trips), and the hot path talks to asyncpg directly.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sqlite3
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -34,6 +32,7 @@ from ledger.batch import Needs, OpContext, WorkingSet
 from ledger.errors import LedgerError, LedgerUnavailable
 from ledger.faults import describe
 from ledger.operations import Operation
+from ledger.writer_thread import WriterThread
 
 __all__ = [
     "ContextAt",
@@ -155,9 +154,7 @@ class SQLiteTransactions:
         self._context = context
         self._clock = clock
         self._conn: sa.Connection | None = None  # only ever touched on the worker thread
-        self._worker: ThreadPoolExecutor | None = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="ledger-writer"
-        )
+        self._worker: WriterThread | None = WriterThread("ledger-writer")
 
     async def run(self, ops: list[Operation[Any]]) -> list[object]:
         """One batch in one transaction; its results (or refusals) in order.
@@ -177,12 +174,12 @@ class SQLiteTransactions:
         """Let the worker thread go once the jobs queued on it (a release) have run."""
         worker, self._worker = self._worker, None
         if worker is not None:
-            worker.shutdown(wait=False)
+            worker.stop()
 
     async def _on_thread(self, fn: Callable[..., T], *args: Any) -> T:
         if self._worker is None:
             raise LedgerUnavailable("the ledger store is closed")
-        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+        return await self._worker.run(fn, *args)
 
     def _transaction(self, ops: list[Operation[Any]]) -> list[object]:
         if self._conn is not None and self._raw().in_transaction:
