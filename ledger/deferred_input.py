@@ -54,7 +54,7 @@ class AwaitInput:
         row.outcome, row.outcome_hash, row.outcome_retained = stored_outcome(
             self.question, self.max_bytes
         )
-        _set_aside(ws, row, ctx, reason=INPUT_REQUIRED, error=INPUT_REQUIRED, retry_after_s=None)
+        _set_aside(ws, row, ctx, reason=INPUT_REQUIRED, retry_after_s=None)
         return row.view()
 
 

@@ -222,7 +222,6 @@ class Requeue:
             row,
             ctx,
             reason=self.reason,
-            error=self.reason,
             retry_after_s=self.retry_after_s,
             evidence={"retry_after_s": self.retry_after_s},
         )

@@ -218,15 +218,15 @@ def _set_aside(
     ctx: OpContext,
     *,
     reason: str,
-    error: str,
     retry_after_s: float | None,
     evidence: dict[str, object] | None = None,
 ) -> None:
-    """Running → rejected: this attempt certainly did nothing; its lease ends (token bumped)."""
+    """Running → rejected: this attempt certainly did nothing; its lease ends (token bumped).
+    `reason` is also the entry's error."""
     row.state = _S.REJECTED
     row.fencing_token += 1
     row.lease_expires_at = None
-    row.error, row.retry_after_s = error, retry_after_s
+    row.error, row.retry_after_s = reason, retry_after_s
     ws.touch(row, ctx.now)
     ws.record(row, _S.RUNNING, at=ctx.now, actor=ctx.owner, reason=reason, evidence=evidence)
 
@@ -355,7 +355,6 @@ class ReleaseUnsent:
             row,
             ctx,
             reason=self.reason,
-            error=self.reason,
             retry_after_s=self.retry_after_s,
             evidence={"retry_after_s": self.retry_after_s},
         )
