@@ -19,7 +19,13 @@ import pytest
 from aiohttp import web
 
 from tests.integration import mcp_proxy_harness
-from tests.integration.mcp_proxy_harness import RawMcp, RunningProxy, http_upstream, running_proxy
+from tests.integration.mcp_proxy_harness import (
+    RawMcp,
+    RunningProxy,
+    http_upstream,
+    minimal_result,
+    running_proxy,
+)
 from tests.integration.proxy_harness import serving
 
 http = mcp_proxy_harness.http
@@ -44,15 +50,7 @@ class FramingUpstream:
         message = json.loads(body)
         if "id" not in message:
             return web.Response(status=202)
-        result: dict[str, Any] = {"content": [{"type": "text", "text": "ok"}], "isError": False}
-        if message["method"] == "initialize":
-            result = {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {"tools": {}},
-                "serverInfo": {"name": "framing", "version": "1"},
-            }
-        elif message["method"] == "tools/list":
-            result = {"tools": [{"name": "look", "inputSchema": {"type": "object"}}]}
+        result = minimal_result(message["method"], "framing")
         frame = _frame(
             f"ev-{len(self.bodies)}", {"jsonrpc": "2.0", "id": message["id"], "result": result}
         )

@@ -40,6 +40,7 @@ __all__ = [
     "build_config",
     "deferring_proxy",
     "http_upstream",
+    "minimal_result",
     "running_proxy",
     "serving_mcp",
     "stdio_upstream",
@@ -49,6 +50,20 @@ __all__ = [
 def http_upstream(name: str, url: str, **values: Any) -> UpstreamSpec:
     """A Streamable HTTP upstream spec."""
     return UpstreamSpec(name=name, kind="mcp_http", url=url, **values)
+
+
+def minimal_result(method: str, server: str) -> dict[str, Any]:
+    """The result a minimal hand-written MCP upstream named `server` answers `method` with: its
+    handshake for `initialize`, one tool `look` for `tools/list`, a plain "ok" for a call."""
+    if method == "initialize":
+        return {
+            "protocolVersion": LEGACY,
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": server, "version": "1"},
+        }
+    if method == "tools/list":
+        return {"tools": [{"name": "look", "inputSchema": {"type": "object"}}]}
+    return {"content": [{"type": "text", "text": "ok"}], "isError": False}
 
 
 def stdio_upstream(

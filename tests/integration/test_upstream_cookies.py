@@ -14,7 +14,6 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
@@ -25,6 +24,7 @@ from tests.integration.mcp_proxy_harness import (
     RawMcp,
     RunningProxy,
     http_upstream,
+    minimal_result,
     running_proxy,
     serving_mcp,
 )
@@ -45,15 +45,7 @@ class CookieSettingUpstream:
         message = json.loads(await request.read())
         if "id" not in message:
             return web.Response(status=202)
-        result: dict[str, Any] = {"content": [{"type": "text", "text": "ok"}], "isError": False}
-        if message["method"] == "initialize":
-            result = {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {"tools": {}},
-                "serverInfo": {"name": "cookies", "version": "1"},
-            }
-        elif message["method"] == "tools/list":
-            result = {"tools": [{"name": "look", "inputSchema": {"type": "object"}}]}
+        result = minimal_result(message["method"], "cookies")
         response = web.json_response({"jsonrpc": "2.0", "id": message["id"], "result": result})
         response.set_cookie("affinity", f"request-{len(self.cookies_seen)}", path="/")
         return response
