@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,12 @@ from policies.model import Config, DeferredSettings, UpstreamSpec
 from proxy.app import create_app
 from proxy.mcp.transport.sessions import MCP_TRANSPORT, McpTransport
 from proxy.mcp.wire.sse import SseParser
-from tests.integration.mcp_servers import REPO_ROOT, stdio_command
+from tests.integration.mcp_servers import (
+    REPO_ROOT,
+    RunningUpstream,
+    running_upstream,
+    stdio_command,
+)
 from tests.integration.proxy_harness import serving
 
 __all__ = [
@@ -41,6 +46,7 @@ __all__ = [
     "deferring_proxy",
     "http_upstream",
     "minimal_result",
+    "module_upstream",
     "running_proxy",
     "serving_mcp",
     "stdio_upstream",
@@ -259,6 +265,13 @@ async def serving_mcp(
     app.router.add_post("/mcp", handler)
     async with serving(app) as base:
         yield f"{base}/mcp"
+
+
+@pytest.fixture(scope="module", name="upstream")
+def module_upstream() -> Iterator[RunningUpstream]:
+    """The real test upstream, one per test module (bind it: `upstream = module_upstream`)."""
+    with running_upstream() as running:
+        yield running
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from tests.integration import fake_provider, mcp_proxy_harness
 from tests.integration.fake_provider import FakeProvider
 from tests.integration.http_calls import post
 from tests.integration.mcp_proxy_harness import RawMcp
-from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration.mcp_servers import RunningUpstream
 from tests.integration.proxy_harness import RunningProxy, running_proxy
 
 provider = fake_provider.provider
@@ -40,10 +39,7 @@ HEADERS = {
 }
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[RunningUpstream]:
-    with running_upstream() as running:
-        yield running
+upstream = mcp_proxy_harness.module_upstream
 
 
 def http_config(provider: FakeProvider) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +17,10 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from tests.integration import fake_provider
+from tests.integration import fake_provider, mcp_proxy_harness
 from tests.integration.fake_provider import FakeProvider
 from tests.integration.http_calls import post
-from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration.mcp_servers import RunningUpstream
 from tests.integration.proxy_harness import running_proxy
 
 KEY = "interlock/idempotency-key"
@@ -30,10 +30,7 @@ POLL_S = 10.0
 provider = fake_provider.provider
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[RunningUpstream]:
-    with running_upstream() as running:
-        yield running
+upstream = mcp_proxy_harness.module_upstream
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ which attribute values a call may carry at all (real SDK Client → proxy → re
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +14,14 @@ from mcp.shared.exceptions import MCPError
 from ledger import ClaimRequest
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import RawMcp
-from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration.mcp_servers import RunningUpstream
 from tests.integration.proxy_harness import running_proxy
 
 KEY = "interlock/idempotency-key"
 http = mcp_proxy_harness.http
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[RunningUpstream]:
-    with running_upstream() as running:
-        yield running
+upstream = mcp_proxy_harness.module_upstream
 
 
 @pytest.fixture

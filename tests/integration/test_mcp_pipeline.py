@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,18 +15,16 @@ from mcp.shared.exceptions import MCPError
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.state import LEDGER
+from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import RawMcp
-from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration.mcp_servers import RunningUpstream
 from tests.integration.proxy_harness import running_proxy
 from tests.integration.waiting import wait_until
 
 KEY = "interlock/idempotency-key"
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[RunningUpstream]:
-    with running_upstream() as running:
-        yield running
+upstream = mcp_proxy_harness.module_upstream
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ sha256) nor served by `/admin`, yet still tell two calls apart through the finge
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -12,17 +11,15 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration import mcp_proxy_harness
+from tests.integration.mcp_servers import RunningUpstream
 from tests.integration.proxy_harness import running_proxy
 
 KEY = "interlock/idempotency-key"
 SECRET = "the merger closes friday"
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[RunningUpstream]:
-    with running_upstream() as running:
-        yield running
+upstream = mcp_proxy_harness.module_upstream
 
 
 def _config(upstream: RunningUpstream) -> str:

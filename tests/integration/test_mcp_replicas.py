@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from tests import ledger_fixtures
-from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration import mcp_proxy_harness
+from tests.integration.mcp_servers import RunningUpstream
 from tests.integration.proxy_harness import running_proxy
 
 ledger_backend = ledger_fixtures.ledger_backend
@@ -23,10 +22,7 @@ ledger_url = ledger_fixtures.ledger_url
 KEY = "interlock/idempotency-key"
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[RunningUpstream]:
-    with running_upstream() as running:
-        yield running
+upstream = mcp_proxy_harness.module_upstream
 
 
 async def deliver(url: str, args: dict[str, Any], key: str) -> str:

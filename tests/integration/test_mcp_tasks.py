@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import itertools
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from tests.integration.mcp_proxy_harness import (
     http_upstream,
     running_proxy,
 )
-from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration.mcp_servers import RunningUpstream
 from tests.integration.waiting import wait_until
 
 BOUNDED_S = 20.0
@@ -41,10 +41,7 @@ KEY = "interlock/idempotency-key"
 http = mcp_proxy_harness.http
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[RunningUpstream]:
-    with running_upstream() as running:
-        yield running
+upstream = mcp_proxy_harness.module_upstream
 
 
 @pytest.fixture

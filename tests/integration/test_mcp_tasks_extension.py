@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,7 +34,7 @@ from tests.integration.mcp_proxy_harness import (
     deferring_proxy,
     http_upstream,
 )
-from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration.mcp_servers import RunningUpstream
 from tests.integration.waiting import wait_until
 
 EXT = "io.modelcontextprotocol/tasks"
@@ -103,10 +103,7 @@ class ClientTasks(ClientExtension):
         return (ResultClaim(result_type="task", model=CreateTaskResult2026, resolve=resolve),)
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[RunningUpstream]:
-    with running_upstream() as running:
-        yield running
+upstream = mcp_proxy_harness.module_upstream
 
 
 @pytest.fixture

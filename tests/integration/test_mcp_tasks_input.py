@@ -8,7 +8,7 @@ input."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from tests.integration.mcp_proxy_harness import (
     http_upstream,
     serving_mcp,
 )
-from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration.mcp_servers import RunningUpstream
 from tests.integration.test_mcp_tasks_extension import (
     BOUNDED_S,
     _headers,
@@ -39,10 +39,7 @@ http = mcp_proxy_harness.http
 ANSWERS = {"confirm": {"action": "accept", "content": {"ok": True}}}
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[RunningUpstream]:
-    with running_upstream() as running:
-        yield running
+upstream = mcp_proxy_harness.module_upstream
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -11,15 +11,12 @@ import pytest
 from policies.model import UpstreamSpec
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import RawMcp, RunningProxy, http_upstream, running_proxy
-from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration.mcp_servers import RunningUpstream
 
 CAP = 2048
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[RunningUpstream]:
-    with running_upstream() as running:
-        yield running
+upstream = mcp_proxy_harness.module_upstream
 
 
 @pytest.fixture

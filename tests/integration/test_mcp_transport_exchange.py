@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -26,6 +26,7 @@ from proxy.mcp.upstreams.stdio import StdioProcess
 from proxy.mcp.upstreams.streamable_http import HttpUpstreams, exchange_http
 from proxy.mcp.wire.jsonrpc import dumps
 from proxy.mcp.wire.sse import SseParser
+from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import ENVELOPE, MODERN, http_upstream, stdio_upstream
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
 from tests.integration.waiting import wait_until
@@ -53,10 +54,7 @@ class Collected:
         pass
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[RunningUpstream]:
-    with running_upstream() as running:
-        yield running
+upstream = mcp_proxy_harness.module_upstream
 
 
 @pytest.fixture

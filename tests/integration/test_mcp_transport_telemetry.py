@@ -14,17 +14,15 @@ from opentelemetry.trace import SpanKind
 
 from proxy.telemetry import tracing
 from proxy.telemetry.tracing import hash_key
+from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import RawMcp, RunningProxy, http_upstream, running_proxy
-from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration.mcp_servers import RunningUpstream
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 TRACEPARENT = f"00-{TRACE_ID}-b7ad6b7169203331-01"
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[RunningUpstream]:
-    with running_upstream() as running:
-        yield running
+upstream = mcp_proxy_harness.module_upstream
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from mcp.shared.exceptions import MCPError
 from ledger import LedgerStore
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import RawMcp
-from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration.mcp_servers import RunningUpstream
 from tests.integration.proxy_harness import running_proxy
 from tests.integration.waiting import wait_until
 
@@ -25,10 +24,7 @@ KEY = "interlock/idempotency-key"
 http = mcp_proxy_harness.http
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[RunningUpstream]:
-    with running_upstream() as running:
-        yield running
+upstream = mcp_proxy_harness.module_upstream
 
 
 @pytest.fixture

@@ -26,10 +26,10 @@ from policies.admission import Refusal
 from policies.model import LedgerSettings
 from proxy.runtime.rejections import RejectionRecorder
 from proxy.state import LEDGER, RUNTIME
-from tests.integration import fake_provider
+from tests.integration import fake_provider, mcp_proxy_harness
 from tests.integration.fake_provider import FakeProvider
 from tests.integration.http_calls import BOUNDED_S, post, settled
-from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration.mcp_servers import RunningUpstream
 from tests.integration.proxy_harness import RunningProxy, running_proxy
 from tests.integration.waiting import wait_until
 
@@ -37,10 +37,7 @@ KEY = "interlock/idempotency-key"
 provider = fake_provider.provider
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[RunningUpstream]:
-    with running_upstream() as running:
-        yield running
+upstream = mcp_proxy_harness.module_upstream
 
 
 def mcp_config(upstream: RunningUpstream) -> str:

@@ -26,8 +26,8 @@ from mcp.shared.exceptions import MCPError
 
 from proxy.telemetry.sdk import TelemetryHandle
 from proxy.telemetry.tracing import hash_key
-from tests.integration import otlp_receiver
-from tests.integration.mcp_servers import REPO_ROOT, RunningUpstream, running_upstream
+from tests.integration import mcp_proxy_harness, otlp_receiver
+from tests.integration.mcp_servers import REPO_ROOT, RunningUpstream
 from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan, SpanNode
 from tests.integration.proxy_harness import RunningProxy, running_proxy
 
@@ -40,10 +40,7 @@ ANSWER_STATUS_GAP = (
 )
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[RunningUpstream]:
-    with running_upstream() as running:
-        yield running
+upstream = mcp_proxy_harness.module_upstream
 
 
 receiver = otlp_receiver.receiver
