@@ -128,17 +128,32 @@ class StreamUsage:
     def feed(self, chunk: bytes) -> None:
         """Consume the next chunk of the stream, in order."""
         data = self._partial + chunk if self._partial else chunk
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        if len(self._partial) > _MAX_LINE_BYTES:
+        last = data.rfind(b"\n")  # the lines before it are complete
+        start = 0
+        if last >= 0 and self._skip_line:
+            self._skip_line = False
+            start = data.find(b"\n") + 1  # the rest of an overlong line
+        while start <= last:
+            if self._acc.model is None:  # every line, until one names the model
+                end = data.find(b"\n", start)
+                self._line(data[start:end])
+                start = end + 1
+                continue
+            # then only the lines that can hold usage: most chunks are not split into lines
+            hit = data.find(b'"usage"', start, last)
+            if hit < 0:
+                break
+            begins = data.rfind(b"\n", start, hit) + 1 or start
+            end = data.find(b"\n", hit)
+            self._line(data[begins:end])
+            start = end + 1
+        partial = data[last + 1 :]
+        if len(partial) > _MAX_LINE_BYTES:
             # a line this long is not a usage event; drop it rather than hold it in memory
             self._partial = b""
             self._skip_line = True
-        for line in lines:
-            if self._skip_line:
-                self._skip_line = False
-                continue
-            self._line(line)
+        else:
+            self._partial = partial
 
     def _line(self, line: bytes) -> None:
         if not line.startswith(b"data:"):

@@ -157,3 +157,22 @@ def test_overlong_line_is_dropped_not_buffered() -> None:
     reader.feed(b"\n\n")
     reader.feed(b'data: {"usage": {"prompt_tokens": 4, "completion_tokens": 1}}\n\n')
     assert reader.result() == Usage(4, 1, "m")
+
+
+def test_usage_line_before_an_overlong_line_in_one_chunk_is_read() -> None:
+    """An overlong unfinished line drops itself only, not the complete line before it."""
+    reader = StreamUsage()
+    reader.feed(b'data: {"model": "m"}\n\n')
+    usage = b'data: {"usage": {"prompt_tokens": 4, "completion_tokens": 1}}\n'
+    reader.feed(usage + b"data: " + b"x" * (1 << 21))
+    reader.feed(b"\n\n")
+    assert reader.result() == Usage(4, 1, "m")
+
+
+def test_chunks_without_usage_keep_their_unfinished_line() -> None:
+    """Chunks skipped whole (no usage in them) still carry an unfinished line into the next."""
+    reader = StreamUsage()
+    reader.feed(b'data: {"model": "m", "choices": []}\n\ndata: {"choices": [], "us')
+    reader.feed(b'age": {"prompt_tokens": 9, ')
+    reader.feed(b'"completion_tokens": 3}}\n\ndata: [DONE]\n\n')
+    assert reader.result() == Usage(9, 3, "m")
