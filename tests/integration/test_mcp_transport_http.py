@@ -13,6 +13,7 @@ from mcp import Client
 from mcp.types import ElicitRequestParams, ElicitResult
 
 from proxy.mcp.catalog import CATALOG
+from proxy.state import LEDGER
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import (
     LEGACY,
@@ -188,6 +189,38 @@ async def test_cancelling_a_modern_call_cancels_the_upstream_handler(
         with pytest.raises(asyncio.CancelledError):
             await call
     await wait_until(lambda: "modern-c" in sse_upstream.stats()["cancelled"])
+
+
+async def test_a_modern_side_effect_whose_client_leaves_is_recorded_unknown(
+    sse_upstream: RunningUpstream, tmp_path: Path
+):
+    """The call was forwarded, so it may have acted: its entry ends `unknown` (never `running`,
+    never `succeeded`), and the proxy stays usable for the next call."""
+    upstreams = {"sse": http_upstream("sse", sse_upstream.url, timeout_s=10)}
+    async with running_proxy(upstreams, tmp_path, read_only=False) as proxy:
+        await _leave_a_side_effect(proxy, sse_upstream)
+
+
+async def _leave_a_side_effect(proxy: RunningProxy, sse_upstream: RunningUpstream) -> None:
+    async with Client(proxy.mcp_url("sse"), mode="2026-07-28", cache=None) as client:
+        call = asyncio.create_task(client.call_tool("hold", {"seconds": 30, "tag": "modern-u"}))
+        await wait_until(lambda: "modern-u" in sse_upstream.stats()["started"])
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    await wait_until(lambda: "modern-u" in sse_upstream.stats()["cancelled"])
+    store = proxy.app[LEDGER].store
+    assert store is not None
+    for _ in range(500):  # the entry is marked once the cancelled call has unwound
+        held = [e for e in await store.list_entries(upstream="sse") if e.tool == "hold"]
+        if held and str(held[0].state) != "running":
+            break
+        await asyncio.sleep(0.01)
+    (entry,) = held
+    assert str(entry.state) == "unknown"
+    assert "client" in (entry.error or ""), entry.error
+    async with Client(proxy.mcp_url("sse"), mode="2026-07-28", cache=None) as client:
+        assert (await client.call_tool("echo", {"text": "next"})).content[0].text
 
 
 async def test_cancelling_a_legacy_call_forwards_the_cancellation(

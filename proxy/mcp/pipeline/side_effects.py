@@ -34,6 +34,7 @@ from proxy.errors import (
 from proxy.mcp.pipeline.attempts import ForwardPlan, forward_with_retries
 from proxy.mcp.pipeline.context import JsonObject, ToolCall
 from proxy.mcp.pipeline.outcomes import decode_replay, encode_outcome, outcome_state
+from proxy.mcp.upstreams.relay import cancelled_when
 from proxy.mcp.wire.tasks import created_task_id
 from proxy.runtime.leases import (
     AttemptNotClaimed,
@@ -165,24 +166,20 @@ def _answer_claim(call: ToolCall, result: ClaimResult) -> JsonObject | None:
 async def _forward_until_client_leaves(call: ToolCall, plan: ForwardPlan) -> JsonObject:
     """Forward; in the 2026-07-28 era a client that goes away cancels the call (it becomes
     `unknown`). In the handshake era a disconnect is not a cancellation (that is what
-    `notifications/cancelled` is for): the call runs on and its outcome is recorded."""
+    `notifications/cancelled` is for): the call runs on and its outcome is recorded.
+
+    The forward runs in this task, which the client's leaving cancels (`cancelled_when`): no
+    helper tasks per call."""
     if not call.ctx.modern:
         return await forward_with_retries(plan)
-    forward = asyncio.ensure_future(forward_with_retries(plan))
-    gone = asyncio.ensure_future(call.ctx.client_gone.wait())
+    trip = None
     try:
-        await asyncio.wait({forward, gone}, return_when=asyncio.FIRST_COMPLETED)
+        with cancelled_when(call.ctx.client_gone) as trip:
+            return await forward_with_retries(plan)
     except asyncio.CancelledError:
-        forward.cancel()
-        await asyncio.gather(forward, return_exceptions=True)
+        if trip is not None and trip.absorb():
+            raise UpstreamLost("the client disconnected while the call was in flight") from None
         raise
-    finally:
-        gone.cancel()
-    if forward.done():
-        return forward.result()
-    forward.cancel()
-    await asyncio.gather(forward, return_exceptions=True)
-    raise UpstreamLost("the client disconnected while the call was in flight")
 
 
 async def _mark_unknown(call: ToolCall, store: LedgerStore, lease: Lease, reason: str) -> None:
