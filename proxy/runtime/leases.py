@@ -96,9 +96,9 @@ async def next_attempt(store: LedgerStore, lease: Lease, request: ClaimRequest) 
 
 
 async def _renew_forever(store: LedgerStore, lease: Lease, every_s: float) -> None:
+    """Renew now, then every `every_s`, until cancelled or the lease is really lost."""
     loop = asyncio.get_running_loop()
     while True:
-        await asyncio.sleep(every_s)
         token = lease.token
         started = loop.time()
         try:
@@ -106,35 +106,47 @@ async def _renew_forever(store: LedgerStore, lease: Lease, every_s: float) -> No
         except LedgerError as exc:
             # The sweeper will mark the entry unknown if the lease really runs out: safe side.
             log.error("entry %s: lease renewal failed: %s", lease.entry_id, exc)
-            continue
-        if renewed:
-            if lease.token == token:
-                lease.valid_until = started + store.settings.lease_s
-            continue
-        # Refused: the token moved on. A hand-over to the next attempt (in flight, or done
-        # meanwhile) gives the lease a new token to renew; otherwise the lease is really lost.
-        if lease.token == token and not lease.handing_over:
-            log.warning(
-                "entry %s: lease lost (token %d is no longer current)", lease.entry_id, token
-            )
-            return
+        else:
+            if renewed:
+                if lease.token == token:
+                    lease.valid_until = started + store.settings.lease_s
+            # Refused: the token moved on. A hand-over to the next attempt (in flight, or done
+            # meanwhile) gives the lease a new token to renew; otherwise it is really lost.
+            elif lease.token == token and not lease.handing_over:
+                log.warning(
+                    "entry %s: lease lost (token %d is no longer current)", lease.entry_id, token
+                )
+                return
+        await asyncio.sleep(every_s)
 
 
 @contextlib.asynccontextmanager
 async def keep_lease(store: LedgerStore, lease: Lease, lease_s: float) -> AsyncIterator[None]:
     """Renew the lease (whatever its current token) every third of its length until the block
-    ends."""
+    ends.
+
+    Most calls end long before their first renewal is due: a timer starts the renewing task
+    only then, so such a call costs no task of its own.
+    """
+    loop = asyncio.get_running_loop()
     # The claim committed just before: its lease surely holds for `lease_s` from a moment ago.
-    lease.valid_until = min(lease.valid_until, asyncio.get_running_loop().time() + lease_s)
-    task = asyncio.create_task(
-        _renew_forever(store, lease, max(lease_s / 3.0, 0.05)), name=f"lease-{lease.entry_id}"
-    )
+    lease.valid_until = min(lease.valid_until, loop.time() + lease_s)
+    every_s = max(lease_s / 3.0, 0.05)
+    renewer: list[asyncio.Task[None]] = []
+
+    def start() -> None:
+        renewing = _renew_forever(store, lease, every_s)
+        renewer.append(asyncio.create_task(renewing, name=f"lease-{lease.entry_id}"))
+
+    due = loop.call_later(every_s, start)
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        due.cancel()
+        for task in renewer:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 async def record_finish(

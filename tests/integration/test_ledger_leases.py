@@ -77,3 +77,21 @@ async def test_the_renewer_survives_a_renewal_inside_a_retry_hand_over(
         await wait_until(lambda: store.renewals.count((new, True)) >= 5, BOUNDED_S)
         entry, _ = await store.get(lease.entry_id)
     assert (entry.state, entry.attempt, entry.fencing_token) == (EntryState.RUNNING, 2, new)
+
+
+async def test_renewals_start_on_time_and_stop_when_the_block_ends(store: PausableStore) -> None:
+    """A block shorter than a renewal period renews nothing; a longer one renews its lease every
+    third of its length; once the block ends, nothing renews it any more (not even a renewal
+    that was due)."""
+    short = await store.claim(claim_request("short-call"))
+    async with keep_lease(store, Lease(short.entry.id, short.entry.fencing_token), LEASE_S):
+        await asyncio.sleep(0)
+    assert store.renewals == []
+    long = await store.claim(claim_request("long-call"))
+    lease = Lease(long.entry.id, long.entry.fencing_token)
+    async with keep_lease(store, lease, LEASE_S):
+        await wait_until(lambda: len(store.renewals) >= 2, BOUNDED_S)
+    assert set(store.renewals) == {(lease.token, True)}
+    seen = len(store.renewals)
+    await asyncio.sleep(LEASE_S)  # two renewal periods: a renewer left behind would show here
+    assert len(store.renewals) == seen
