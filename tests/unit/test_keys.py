@@ -217,3 +217,34 @@ def test_fields_recipe_ignores_fields_it_does_not_name(
     """A per-tool recipe gives the same key whatever the unnamed fields hold."""
     recipe = KeyRecipe("fields", ("to", "subject"))
     assert _key(recipe, {**other, **named}) == _key(recipe, {**other_again, **named})
+
+
+def test_derived_keys_and_fingerprints_stay_the_same_across_versions() -> None:
+    """Keys are stored in ledgers: a call resent after an upgrade must get the key it had."""
+    arguments = {"to": "Zoe\u0301", "amount": 5.0, "tags": ["a", {"n": -0.0}]}
+    decision = decide_key(KeyRecipe(mode="derived"), explicit=None, arguments=arguments, **CONTEXT)
+    assert decision.key == "1a5fa26cd4fe8ab667ca80a0c542c69f99a3676f3bd04432a31f52c59c883002"
+    assert decision.fingerprint == (
+        "95e1f5e5187e04473e74ea9ad76feb8679921b463012d7c6f0f18b1c5f4bd687"
+    )
+
+
+@given(json_values, st.text(max_size=6))
+def test_derived_key_is_the_hash_of_its_canonical_document(value: Any, run_id: str) -> None:
+    """Whatever the arguments: key = sha256(canonical JSON of the recipe's document), and the
+    fingerprint = sha256(canonical JSON of the operation and the arguments)."""
+    import hashlib
+
+    context = {**CONTEXT, "run_id": unicodedata.normalize("NFD", run_id) or None}
+    decision = decide_key(KeyRecipe(mode="derived"), explicit=None, arguments=value, **context)
+    document = {
+        "recipe": "derived",
+        "tenant": context["tenant"],
+        "upstream": context["upstream"],
+        "tool": context["operation"],
+        "run_id": context["run_id"],
+        "arguments": value,
+    }
+    expected = hashlib.sha256(canonical_json(document).encode()).hexdigest()
+    assert decision.key == expected
+    assert decision.fingerprint == fingerprint(context["operation"], value)
