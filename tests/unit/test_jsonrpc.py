@@ -193,6 +193,35 @@ def test_sse_parser_result_does_not_depend_on_chunking(cuts: list[int]):
     assert pieces == whole
 
 
+def test_sse_parser_looks_at_each_byte_of_a_long_event_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A multi-megabyte event arriving in small chunks is scanned for line ends in linear
+    work: re-scanning the unfinished line on every chunk made an 8 MB answer cost seconds of
+    the event loop (quadratic in its size)."""
+    import proxy.mcp.wire.sse as sse_module
+
+    scanned = 0
+    real = sse_module._LINE_END
+
+    class Counting:
+        def search(self, data: bytes, pos: int = 0) -> object:
+            nonlocal scanned
+            found = real.search(data, pos)
+            scanned += (found.end() if found else len(data)) - pos
+            return found
+
+    monkeypatch.setattr(sse_module, "_LINE_END", Counting())
+    size = 4 * 1024 * 1024
+    stream = b"event: message\r\ndata: " + b"x" * size + b"\r\n\r\n"
+    parser = SseParser()
+    events = [e for i in range(0, len(stream), 4096) for e in parser.feed(stream[i : i + 4096])]
+    (event,) = events
+    assert len(event.data) == size
+    assert event.raw == stream
+    assert scanned <= 2 * len(stream)
+
+
 def test_sse_parser_bounds_an_event_that_never_ends():
     """A stream that never ends its event raises instead of buffering without limit."""
     parser = SseParser(max_event_bytes=64)

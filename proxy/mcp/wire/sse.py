@@ -44,41 +44,52 @@ class SseParser:
     """
 
     def __init__(self, max_event_bytes: int = 16 * 1024 * 1024) -> None:
-        self._buffer = b""
+        self._buffer = bytearray()
         self._start = 0  # where the current event's raw bytes begin in `_buffer`
         self._scan = 0  # where the next line begins
+        self._checked = 0  # bytes before this hold no line end (after `_scan`)
         self._fields: list[tuple[str, str]] = []
         self._max = max_event_bytes
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
-        """Add bytes; return the events (and comments) they completed."""
-        self._buffer += chunk
+        """Add bytes; return the events (and comments) they completed.
+
+        Linear in the bytes fed, however they are chunked: the buffer grows in place, a line end
+        is searched for only in bytes not searched before, and consumed events are dropped from
+        the front once per call.
+        """
+        buffer = self._buffer
+        buffer += chunk
         events: list[SseEvent] = []
         while True:
-            match = _LINE_END.search(self._buffer, self._scan)
+            match = _LINE_END.search(buffer, max(self._scan, self._checked))
             if match is None:
+                self._checked = len(buffer)
                 break
-            if match.group() == b"\r" and match.end() == len(self._buffer):
-                break  # a lone CR at the end may be the first half of CRLF: wait for more
-            line = self._buffer[self._scan : match.start()]
+            if match.end() == len(buffer) and buffer[-1] == 0x0D:
+                self._checked = match.start()  # a lone CR at the end may be half of a CRLF
+                break
+            line = buffer[self._scan : match.start()]
             self._scan = match.end()
             event = self._line(line)
             if event is not None:
                 events.append(event)
         if self._start:
-            self._buffer = self._buffer[self._start :]
+            del buffer[: self._start]
             self._scan -= self._start
+            self._checked -= self._start
             self._start = 0
-        if len(self._buffer) > self._max:
+        if len(buffer) > self._max:
             raise ValueError(f"SSE event larger than {self._max} bytes")
         return events
 
     def _take_raw(self) -> bytes:
-        raw = self._buffer[self._start : self._scan]
+        with memoryview(self._buffer) as view:
+            raw = view[self._start : self._scan].tobytes()
         self._start = self._scan
         return raw
 
-    def _line(self, line: bytes) -> SseEvent | None:
+    def _line(self, line: bytearray) -> SseEvent | None:
         if not line:
             if not self._fields:
                 self._take_raw()
