@@ -121,18 +121,33 @@ class StreamUsage:
     """
 
     def __init__(self) -> None:
-        self._partial = b""
+        self._pending: list[bytes] = []  # the unfinished last line, in pieces
+        self._pending_bytes = 0
         self._acc = _UsageAccumulator()
         self._skip_line = False
 
     def feed(self, chunk: bytes) -> None:
-        """Consume the next chunk of the stream, in order."""
-        data = self._partial + chunk if self._partial else chunk
-        last = data.rfind(b"\n")  # the lines before it are complete
+        """Consume the next chunk of the stream, in order.
+
+        Linear in the bytes fed: an unfinished line is kept as pieces and joined once, when its
+        end arrives, and a line too long to hold usage is skipped without being kept.
+        """
+        last = chunk.rfind(b"\n")  # the lines before it are complete
+        if last < 0:
+            self._grow(chunk)
+            return
         start = 0
-        if last >= 0 and self._skip_line:
+        if self._skip_line:
             self._skip_line = False
-            start = data.find(b"\n") + 1  # the rest of an overlong line
+            start = chunk.find(b"\n") + 1  # the rest of an overlong line
+            data = chunk
+        elif self._pending:
+            self._pending.append(chunk)
+            data = b"".join(self._pending)
+            last += len(data) - len(chunk)
+            self._pending, self._pending_bytes = [], 0
+        else:
+            data = chunk
         while start <= last:
             if self._acc.model is None:  # every line, until one names the model
                 end = data.find(b"\n", start)
@@ -147,13 +162,18 @@ class StreamUsage:
             end = data.find(b"\n", hit)
             self._line(data[begins:end])
             start = end + 1
-        partial = data[last + 1 :]
-        if len(partial) > _MAX_LINE_BYTES:
+        self._grow(data[last + 1 :])
+
+    def _grow(self, piece: bytes) -> None:
+        """Add `piece` to the unfinished line (or drop it, if that line is being skipped)."""
+        if self._skip_line or not piece:
+            return
+        self._pending.append(piece)
+        self._pending_bytes += len(piece)
+        if self._pending_bytes > _MAX_LINE_BYTES:
             # a line this long is not a usage event; drop it rather than hold it in memory
-            self._partial = b""
+            self._pending, self._pending_bytes = [], 0
             self._skip_line = True
-        else:
-            self._partial = partial
 
     def _line(self, line: bytes) -> None:
         if not line.startswith(b"data:"):
@@ -170,9 +190,9 @@ class StreamUsage:
 
     def result(self) -> Usage | None:
         """Usage seen so far (the final value once the stream has ended)."""
-        if self._partial and not self._skip_line:
-            self._line(self._partial.rstrip(b"\r"))
-            self._partial = b""
+        if self._pending and not self._skip_line:
+            self._line(b"".join(self._pending).rstrip(b"\r"))
+            self._pending, self._pending_bytes = [], 0
         return self._acc.result()
 
     @property

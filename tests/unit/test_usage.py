@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from proxy.http import usage as usage_module
 from proxy.http.usage import StreamUsage, Usage, usage_from_json
 
 
@@ -176,3 +180,25 @@ def test_chunks_without_usage_keep_their_unfinished_line() -> None:
     reader.feed(b'age": {"prompt_tokens": 9, ')
     reader.feed(b'"completion_tokens": 3}}\n\ndata: [DONE]\n\n')
     assert reader.result() == Usage(9, 3, "m")
+
+
+_CUT_STREAM = (
+    b'data: {"model": "m", "choices": []}\r\n\r\n'
+    + b'data: {"choices": [{"delta": {"content": "'
+    + b"y" * 200
+    + b'"}}]}\n\n'
+    + b'data: {"usage": {"prompt_tokens": 7, "completion_tokens": 2}}\n\n'
+    + b"data: [DONE]\n\n"
+)
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(_CUT_STREAM)), max_size=16))
+def test_usage_does_not_depend_on_chunking_even_past_the_line_cap(cuts: list[int]) -> None:
+    """However the stream is cut (a line longer than the cap in it), the same usage is read."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(usage_module, "_MAX_LINE_BYTES", 64)
+        reader = StreamUsage()
+        bounds = [0, *sorted(cuts), len(_CUT_STREAM)]
+        for start, end in itertools.pairwise(bounds):
+            reader.feed(_CUT_STREAM[start:end])
+        assert reader.result() == Usage(7, 2, "m")
