@@ -36,12 +36,13 @@ def canonical_json(value: Any) -> str:
         TypeError: a value that JSON cannot carry (sets, bytes, objects, non-string keys).
         ValueError: NaN or infinity, or two keys of one object that are equal once normalised.
     """
+    return _dumps(_normalise(value))
+
+
+def _dumps(normal: Any) -> str:
+    """The canonical text of a value already in canonical form (`_normalise`)."""
     return json.dumps(
-        _normalise(value),
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-        allow_nan=False,
+        normal, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     )
 
 
@@ -51,7 +52,11 @@ def fingerprint(operation: str, arguments: Any) -> str:
     Raises:
         TypeError, ValueError: arguments that have no canonical JSON form (see `canonical_json`).
     """
-    return _sha256(canonical_json({"operation": operation, "arguments": arguments}))
+    return _fingerprint(_normalise(operation), _normalise(arguments))
+
+
+def _fingerprint(operation: str, normal_arguments: Any) -> str:
+    return _sha256(_dumps({"operation": operation, "arguments": normal_arguments}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,24 +96,29 @@ def decide_key(
     Raises:
         TypeError, ValueError: arguments that have no canonical JSON form (see `canonical_json`).
     """
-    arguments_print = fingerprint(operation, arguments)
+    # The arguments are put in canonical form once, for the fingerprint and a derived key: the
+    # walk is Python code, and the arguments may be megabytes.
+    normal_arguments = _normalise(arguments)
+    arguments_print = _fingerprint(_normalise(operation), normal_arguments)
     if explicit is not None and explicit.strip():
         return KeyDecision(explicit, "explicit", arguments_print)
     if recipe.mode in ("none", "explicit"):
         return KeyDecision(None, "none", arguments_print)
-    document: dict[str, Any] = {
-        "recipe": recipe.mode,
-        "tenant": tenant,
-        "upstream": upstream,
-        "tool": operation,
-        "run_id": run_id,
-    }
+    document: dict[str, Any] = _normalise_object(
+        {
+            "recipe": recipe.mode,
+            "tenant": tenant,
+            "upstream": upstream,
+            "tool": operation,
+            "run_id": run_id,
+        }
+    )
     if recipe.mode == "fields":
         args = {} if arguments is None else arguments
-        document["fields"] = {name: pick_field(args, name) for name in recipe.fields}
+        document["fields"] = _normalise({name: pick_field(args, name) for name in recipe.fields})
     else:
-        document["arguments"] = arguments
-    key = _sha256(canonical_json(document))
+        document["arguments"] = normal_arguments
+    key = _sha256(_dumps(document))
     return KeyDecision(key, "derived", arguments_print, dedup_window_s=window_s)
 
 
