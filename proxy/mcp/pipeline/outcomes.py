@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 from ledger import EntryView
 
 __all__ = ["REPLAY_META", "decode_replay", "encode_outcome", "outcome_state", "stored_answer"]
@@ -30,8 +32,19 @@ def outcome_state(response: JsonObject) -> str:
 
 
 def encode_outcome(response: JsonObject) -> bytes:
-    """The response without its request id, as compact UTF-8 JSON (what a replay answers)."""
+    """The response without its request id, as compact UTF-8 JSON (what a replay answers).
+
+    An answer parsed from the upstream's bytes (`raw`) is written with orjson, ten times faster
+    than the standard library on a large tool result, unless those bytes hold a NaN or an
+    Infinity (orjson would write null) or the value an integer beyond 64 bits (it refuses).
+    """
     body = {k: v for k, v in response.items() if k in ("result", "error")}
+    raw = getattr(response, "raw", None)
+    if isinstance(raw, bytes) and b"NaN" not in raw and b"Infinity" not in raw:
+        try:
+            return orjson.dumps(body)
+        except TypeError:
+            pass
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
