@@ -50,3 +50,23 @@ def test_an_ended_session_keeps_nothing() -> None:
     streams.open("s").append("e1", b"x")
     streams.forget("s")
     assert streams.find("s", "e1") is None
+
+
+def test_a_live_stream_keeps_only_its_latest_bytes() -> None:
+    """One stream that never ends (a tool reporting progress for hours) is bounded by the
+    session's `max_bytes` while it is written, not only once a newer stream opens: the oldest
+    frames are forgotten, resuming after a forgotten id is refused (`find` is None), and
+    resuming after a kept one gives exactly the frames that followed it."""
+    streams = SessionStreams(max_bytes=1000)
+    record = streams.open("s")
+    for number in range(10_000):
+        record.append(f"e{number}", b"%05d" % number + b"x" * 95)
+    assert record.size <= 1250
+    assert streams.find("s", "e0") is None
+    found = streams.find("s", "e9990")
+    assert found is not None
+    assert found[0] is record
+    assert [frame[:5] for _, frame in record.since(found[1]) or []] == [
+        b"%05d" % n for n in range(9991, 10_000)
+    ]
+    assert record.since(0) is None  # a reader that fell behind what is kept: those are gone

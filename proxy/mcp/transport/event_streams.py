@@ -88,15 +88,20 @@ async def replay(request: web.Request, record: StreamRecord, index: int) -> web.
         contextlib.suppress(ConnectionError, RuntimeError),
     ):
         while not gone.is_set():
-            frames = record.frames[index:]
+            frames = record.since(index)
+            if frames is None:
+                # This reader fell further behind than the record keeps: the events it missed
+                # are gone. Ending the stream makes the client resume from its last id, which
+                # is refused as unknown, rather than silently skipping events.
+                break
             index += len(frames)
             for _, frame in frames:
                 await stream.write(frame)
-            if record.done and index >= len(record.frames):
+            if record.done and index >= record.end:
                 await stream.write_eof()
                 break
-            before = len(record.frames)
+            before = record.end
             await _unless_gone(record.wait_changed(_KEEPALIVE_S), gone)
-            if len(record.frames) == before and not record.done and not gone.is_set():
+            if record.end == before and not record.done and not gone.is_set():
                 await stream.write(format_comment())
     return stream

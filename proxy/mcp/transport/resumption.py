@@ -9,8 +9,9 @@ Each stream the proxy writes with event ids is a `StreamRecord`: its frames (the
 sent, or that would have been sent to a client that left) under their ids, and whether it ended.
 Ids are the upstream's where the upstream gave one (they are unique in its session), else minted
 here (`<session-prefix>-<n>`, unique in the proxy). Bounded: per session the most recent
-`max_streams` streams and `max_bytes` bytes of frames, at most `max_sessions` sessions, and
-`max_total_bytes` in all (the least recently used sessions are forgotten first).
+`max_streams` streams and `max_bytes` bytes of frames (a stream still being written forgets its
+own oldest frames past that), at most `max_sessions` sessions, and `max_total_bytes` in all (the
+least recently used sessions are forgotten first).
 """
 
 from __future__ import annotations
@@ -27,25 +28,55 @@ __all__ = ["SessionStreams", "StreamRecord"]
 
 @dataclass(eq=False)
 class StreamRecord:
-    """One event stream as written to the client: `(event_id, frame)` in order."""
+    """One event stream as written to the client: `(event_id, frame)` in order.
+
+    Positions are absolute (the first frame ever written is 0), so they stay valid when the
+    oldest frames of a long stream are forgotten to keep it under `max_bytes`.
+    """
 
     frames: list[tuple[str, bytes]] = field(default_factory=list)
+    """The frames still kept, oldest first (`dropped` older ones are forgotten)."""
     done: bool = False
     size: int = 0
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     prefix: str = ""
     on_grow: Callable[[int], None] | None = None
+    max_bytes: int | None = None
+    dropped: int = 0
+    _after: dict[str, int] = field(default_factory=dict)  # event id -> position after it
 
     def mint_id(self) -> str:
         return f"{self.prefix}-{next(self._ids)}"
 
+    @property
+    def end(self) -> int:
+        """The position after the last frame written."""
+        return self.dropped + len(self.frames)
+
     def append(self, event_id: str, frame: bytes) -> None:
         self.frames.append((event_id, frame))
         self.size += len(frame)
+        self._after[event_id] = self.end
+        if self.max_bytes is not None and self.size > self.max_bytes + self.max_bytes // 4:
+            self._forget_oldest()
         self._wake()
         if self.on_grow is not None:
             self.on_grow(len(frame))
+
+    def _forget_oldest(self) -> None:
+        """Down to `max_bytes` (the newest frame always stays), in one cut: a stream written
+        for hours costs each frame one copy, not one per later frame."""
+        assert self.max_bytes is not None
+        cut = 0
+        while self.size > self.max_bytes and cut < len(self.frames) - 1:
+            event_id, frame = self.frames[cut]
+            self.size -= len(frame)
+            if self._after.get(event_id) == self.dropped + cut + 1:
+                del self._after[event_id]
+            cut += 1
+        del self.frames[:cut]
+        self.dropped += cut
 
     def finish(self) -> None:
         self.done = True
@@ -56,10 +87,14 @@ class StreamRecord:
         self._changed = asyncio.Event()
 
     def index_after(self, event_id: str) -> int | None:
-        for index, (known, _) in enumerate(self.frames):
-            if known == event_id:
-                return index + 1
-        return None
+        """The position right after the frame `event_id` (None: never written, or forgotten)."""
+        return self._after.get(event_id)
+
+    def since(self, position: int) -> list[tuple[str, bytes]] | None:
+        """The frames from `position` on; None when some of them were forgotten meanwhile."""
+        if position < self.dropped:
+            return None
+        return self.frames[position - self.dropped :]
 
     async def wait_changed(self, timeout_s: float) -> None:
         """Wait until a frame is added or the stream ends (or `timeout_s` passes)."""
@@ -84,7 +119,9 @@ class _SessionBook:
 
     def open(self) -> StreamRecord:
         number = next(self.numbers)
-        record = StreamRecord(prefix=f"{self.prefix}-{number}", on_grow=self._on_grow)
+        record = StreamRecord(
+            prefix=f"{self.prefix}-{number}", on_grow=self._on_grow, max_bytes=self._max_bytes
+        )
         self.streams[number] = record
         self._trim()
         return record
