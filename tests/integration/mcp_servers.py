@@ -4,6 +4,7 @@ One `MCPServer` (`build_server()`) with the tools the proxy's tests need:
 
 - `echo(text)` - returns the text;
 - `slow_progress(steps, delay_s)` - reports `notifications/progress` at every step;
+- `flood_progress(steps, size)` - reports progress as fast as it can, `size`-byte messages;
 - `ask_name()` - elicits a name from the client (handshake era: a server→client request);
 - `search_docs(query)` - read-only (`readOnlyHint: true`);
 - `send_email(to, subject, body)` - side-effecting (`destructiveHint: true`); every execution is
@@ -132,6 +133,14 @@ def build_server(state: _State | None = None, name: str = "interlock-test-upstre
             await asyncio.sleep(delay_s)
             await ctx.report_progress(start + i, steps, f"step {i + 1}")
         return f"done after {steps} steps"
+
+    @server.tool()
+    async def flood_progress(ctx: Context, steps: int = 1000, size: int = 4096) -> str:
+        """Report progress `steps` times as fast as it can, each with a `size`-byte message."""
+        st.calls["flood_progress"] += 1
+        for i in range(steps):
+            await ctx.report_progress(i + 1, steps, "x" * size)
+        return f"flooded {steps} times"
 
     @server.tool()
     async def ask_name(ctx: Context) -> str:

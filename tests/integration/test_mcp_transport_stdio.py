@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -345,3 +346,49 @@ async def test_a_process_counts_against_max_sessions_from_spawn_to_exit(
     assert len(opened) <= 2
     assert len(opened) + len(refused) == 8
     assert all(a.last["error"]["data"]["reason"] == "overloaded" for a in refused)
+
+
+async def _silent_call(port: int, tool: str, arguments: dict[str, Any]) -> asyncio.StreamWriter:
+    """A modern tools/call (with a progress token) from a client that reads its answer's head and
+    then nothing more, on a socket with a small receive buffer: what it is sent piles up."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    meta = {**ENVELOPE, "progressToken": "flood"}
+    body = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": tool, "arguments": arguments, "_meta": meta},
+        }
+    ).encode()
+    head = (
+        f"POST /mcp/st HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        "Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n"
+        f"Mcp-Method: tools/call\r\nMcp-Name: {tool}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    writer.write(head.encode() + body)
+    await writer.drain()
+    assert (await asyncio.wait_for(reader.readline(), 20)).startswith(b"HTTP/1.1 200")
+    return writer
+
+
+async def test_a_client_that_stops_reading_does_not_stall_the_shared_process(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+):
+    """The shared modern process serves every modern client: one whose tool floods progress
+    while the client reads none of it must not hold up the others' answers (the process's
+    output was read no further than that client read)."""
+    silent = await _silent_call(proxy.port, "flood_progress", {"steps": 5000, "size": 4096})
+    try:
+        raw = RawMcp(http, proxy.mcp_url("st"))
+        for number in range(30):  # 20 MB of progress for the silent client meanwhile
+            answer = await asyncio.wait_for(raw.call_modern(number + 2, "echo", {"text": "hi"}), 20)
+            assert answer.status == 200
+            assert answer.last["result"]["content"][0]["text"] == "hi"
+            await asyncio.sleep(0.2)
+    finally:
+        silent.close()

@@ -28,6 +28,7 @@ from typing import Any
 
 from policies.model import UpstreamSpec
 from proxy.errors import UpstreamAnswerTooLarge, UpstreamLost, UpstreamNotReached, UpstreamTimeout
+from proxy.mcp.upstreams.delivery import Delivery
 from proxy.mcp.upstreams.relay import Relay, cancelled_when
 from proxy.mcp.wire.jsonrpc import (
     JsonObject,
@@ -59,6 +60,8 @@ class _Pending:
     wire_token: Any = None
     method: str | None = None
     started: float = field(default_factory=time.monotonic)
+    delivery: Delivery = field(init=False)
+    """Its progress and related messages, written to its caller without holding the reader."""
 
 
 REQUEST_CANCELLED = -32800
@@ -162,19 +165,25 @@ class StdioProcess:
             raise UpstreamNotReached(f"{self.spec.name}: the client went away before sending")
         pending, line = self._prepare(message, raw, relay)
         pending.method = message.get("method")
+        pending.delivery = Delivery(relay, self.spec.name)
         key = id_key(pending.wire_id)
         self._pending[key] = pending
         if pending.wire_token is not None:
             self._tokens[id_key(pending.wire_token)] = pending
         try:
             await self._write(line)
-            return await self._await_answer(pending, timeout_s, cancel)
+            answer = await self._await_answer(pending, timeout_s, cancel)
+        except BaseException:
+            pending.delivery.close()  # nothing of this call goes out after its error
+            raise
         finally:
             if self._pending.get(key) is pending:
                 del self._pending[key]
             if pending.wire_token is not None:
                 self._tokens.pop(id_key(pending.wire_token), None)
             self.last_active = time.monotonic()
+        await pending.delivery.flush()  # what came before the answer goes out before it
+        return answer
 
     def _prepare(
         self, message: JsonObject, raw: bytes | None, relay: Relay
@@ -299,7 +308,7 @@ class StdioProcess:
         token = progress_token(message) if message["method"] == "notifications/progress" else None
         pending = self._tokens.get(id_key(token)) if token is not None else None
         if pending is not None:
-            await pending.relay.message(
+            pending.delivery.put(
                 self._restore(message.raw, pending.wire_token, pending.original_token)
             )
             return
@@ -308,7 +317,7 @@ class StdioProcess:
             return
         target = self._request_owner()
         if target is not None:
-            await target.relay.message(message.raw)
+            target.delivery.put(message.raw)
         else:
             self._unsolicited.append(message.raw)
             self._unsolicited_ready.set()
