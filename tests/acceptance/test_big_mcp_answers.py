@@ -26,8 +26,11 @@ ENVELOPE = {
 
 
 async def _huge(request: web.Request) -> web.StreamResponse:
-    """Answers any tools/call with a result of SIZE bytes of text, as JSON or as one SSE event."""
+    """Answers any tools/call with a result of SIZE bytes of text, as JSON or as one SSE event;
+    a resources/read with RELAYED bytes of JSON of a known length."""
     message = await request.json()
+    if message.get("method") == "resources/read":
+        return await _big_resource(request, message)
     head = json.dumps({"jsonrpc": "2.0", "id": message.get("id")})[:-1].encode()
     head += b',"result":{"content":[{"type":"text","text":"'
     tail = b'"}]}}'
@@ -43,6 +46,32 @@ async def _huge(request: web.Request) -> web.StreamResponse:
     await response.write(tail + (b"\n\n" if sse else b""))
     await response.write_eof()
     return response
+
+
+RELAYED = 48 * 1024 * 1024
+
+
+async def _big_resource(request: web.Request, message: dict[str, object]) -> web.StreamResponse:
+    head = json.dumps({"jsonrpc": "2.0", "id": message.get("id")})[:-1].encode()
+    head += b',"result":{"contents":[{"uri":"big://x","text":"'
+    tail = b'"}]}}'
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    response.content_length = len(head) + RELAYED + len(tail)
+    await response.prepare(request)
+    await response.write(head)
+    chunk = b"y" * (1024 * 1024)
+    for _ in range(RELAYED // len(chunk)):
+        await response.write(chunk)
+    await response.write(tail)
+    await response.write_eof()
+    return response
+
+
+def _peak_rss(pid: int) -> int:
+    """The process's peak resident set so far (VmHWM), in bytes."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    (line,) = [line for line in status.splitlines() if line.startswith("VmHWM:")]
+    return int(line.split()[1]) * 1024
 
 
 @pytest.fixture
@@ -116,3 +145,50 @@ tools:
     entry = json.loads(interlock(config, "ledger", "show", "send", "--json"))
     assert entry["state"] == "unknown"
     assert after - before < MAX_GROWTH, f"RSS grew by {(after - before) / 2**20:.0f} MB"
+
+
+@pytest.mark.slow
+async def test_a_big_relayed_answer_streams_through_without_being_held(
+    tmp_path: Path, upstream: str
+):
+    """Methods the proxy only relays (here resources/read, 48 MB of JSON with a Content-Length)
+    reach the client whole, and `interlock serve` never holds the answer: its peak RSS grows by
+    less than 24 MB (it read a known-length answer up to 64 MB whole before relaying it)."""
+    port = _free_port()
+    config = tmp_path / "interlock.yaml"
+    config.write_text(
+        f"""
+listen: "127.0.0.1:{port}"
+ledger: {{url: "sqlite:///ledger.db"}}
+upstreams:
+  big: {{mcp: "{upstream}"}}
+"""
+    )
+    body = {
+        "jsonrpc": "2.0",
+        "id": 5,
+        "method": "resources/read",
+        "params": {"uri": "big://x", "_meta": ENVELOPE},
+    }
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2026-07-28",
+        "Mcp-Method": "resources/read",
+        "Mcp-Name": "big://x",
+    }
+    with proxy_process(config) as process:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/healthz") as warm:
+                assert warm.status == 200
+            before = _peak_rss(process.pid)
+            url = f"http://127.0.0.1:{port}/mcp/big"
+            async with http.post(url, json=body, headers=headers) as answer:
+                assert answer.status == 200
+                size = 0
+                async for chunk in answer.content.iter_any():
+                    size += len(chunk)
+                    last = chunk
+            peak = _peak_rss(process.pid)
+    assert size > RELAYED
+    assert last.endswith(b'"}]}}')
+    assert peak - before < MAX_GROWTH, f"peak RSS grew by {(peak - before) / 2**20:.0f} MB"

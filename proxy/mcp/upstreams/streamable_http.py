@@ -44,6 +44,9 @@ PRESSURE_STATUSES = frozenset({429, 503, 529})
 _ERROR_BODY_CAP = 64 * 1024
 _POOL_WAIT_S = 30.0  # the longest a request waits for a free connection to its upstream
 _JSON_BODY_CAP = 64 * 1024 * 1024
+_WHOLE_ANSWER_MAX = 256 * 1024
+"""A relayed answer of known length up to this is read whole and sent with its head in one
+write; a longer one streams through (it is never held: resources can be large)."""
 
 
 class HttpUpstreams:
@@ -170,7 +173,7 @@ async def relay_http(
         out_headers = client_response_headers(upstream.headers, keep_encoding=True)
         tapper = ResponseTap(tap, sse=is_sse(upstream)) if tap is not None else None
         length = upstream.content_length
-        if not is_sse(upstream) and length is not None and length <= _JSON_BODY_CAP:
+        if not is_sse(upstream) and length is not None and length <= _WHOLE_ANSWER_MAX:
             with _mapped_errors(spec):
                 data = await upstream.read()
             if tapper is not None:
