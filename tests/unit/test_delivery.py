@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy.mcp.upstreams.delivery import Delivery
+from proxy.mcp.upstreams.delivery import Backlog, Delivery
 
 
 class GatedRelay:
@@ -62,3 +62,16 @@ async def test_close_stops_the_writing() -> None:
     relay.gate.set()
     await asyncio.wait_for(delivery.flush(), 5)
     assert relay.sent == []
+
+
+def test_the_backlog_keeps_the_newest_messages_within_count_and_bytes() -> None:
+    backlog = Backlog(max_count=3, max_bytes=250)
+    for number in range(5):
+        backlog.append(b"%d" % number + b"x" * 99)
+    assert len(backlog) == 2  # 250 bytes hold two 100-byte messages
+    assert [backlog.popleft()[:1] for _ in range(2)] == [b"3", b"4"]
+    for number in range(5):
+        backlog.append(b"%d" % number)
+    assert [backlog.popleft() for _ in range(len(backlog))] == [b"2", b"3", b"4"]
+    backlog.append(b"z" * 1000)  # one message over the byte bound is still kept, alone
+    assert len(backlog) == 1

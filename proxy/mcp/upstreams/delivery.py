@@ -77,3 +77,30 @@ class Delivery:
         self._queued = 0
         if self._task is not None and not self._task.done():
             self._task.cancel()
+
+
+class Backlog:
+    """Messages waiting for a GET stream nobody has opened yet: the newest `max_count`, and no
+    more than `max_bytes` (stdio lines can be megabytes each), oldest forgotten first."""
+
+    def __init__(self, *, max_count: int = 256, max_bytes: int = MAX_QUEUED_BYTES) -> None:
+        self._messages: deque[bytes] = deque()
+        self._bytes = 0
+        self._max_count = max_count
+        self._max_bytes = max_bytes
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    def append(self, data: bytes) -> None:
+        self._messages.append(data)
+        self._bytes += len(data)
+        while len(self._messages) > 1 and (
+            len(self._messages) > self._max_count or self._bytes > self._max_bytes
+        ):
+            self._bytes -= len(self._messages.popleft())
+
+    def popleft(self) -> bytes:
+        data = self._messages.popleft()
+        self._bytes -= len(data)
+        return data

@@ -22,13 +22,12 @@ import itertools
 import logging
 import secrets
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from policies.model import UpstreamSpec
 from proxy.errors import UpstreamAnswerTooLarge, UpstreamLost, UpstreamNotReached, UpstreamTimeout
-from proxy.mcp.upstreams.delivery import Delivery
+from proxy.mcp.upstreams.delivery import Backlog, Delivery
 from proxy.mcp.upstreams.relay import Relay, cancelled_when
 from proxy.mcp.wire.jsonrpc import (
     JsonObject,
@@ -44,7 +43,6 @@ __all__ = ["StdioProcess"]
 
 log = logging.getLogger("interlock.mcp.stdio")
 
-_UNSOLICITED_MAX = 256
 _STDERR_LINE_MAX = 2000
 
 
@@ -89,7 +87,7 @@ class StdioProcess:
         self._tokens: dict[str, _Pending] = {}
         self._prefix = f"interlock-{secrets.token_hex(4)}"
         self._ids = itertools.count(1)
-        self._unsolicited: deque[bytes] = deque(maxlen=_UNSOLICITED_MAX)
+        self._unsolicited = Backlog()
         self._unsolicited_ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
