@@ -74,6 +74,20 @@ def _peak_rss(pid: int) -> int:
     return int(line.split()[1]) * 1024
 
 
+def _config(tmp_path: Path, port: int, upstream: str, more: str = "") -> Path:
+    config = tmp_path / "interlock.yaml"
+    config.write_text(
+        f"""
+listen: "127.0.0.1:{port}"
+ledger: {{url: "sqlite:///ledger.db"}}
+upstreams:
+  big: {{mcp: "{upstream}"}}
+"""
+        + more
+    )
+    return config
+
+
 @pytest.fixture
 async def upstream() -> AsyncIterator[str]:
     app = web.Application(client_max_size=1024 * 1024)
@@ -112,18 +126,16 @@ async def test_an_answer_over_max_response_bytes_is_a_clear_error_and_memory_sta
     """64 MB answers (JSON and one SSE event) against an 8 MiB cap: read-only calls get -32055
     response_too_large, the side effect -32053 and an `unknown` entry; RSS grows < 24 MB."""
     port = _free_port()
-    config = tmp_path / "interlock.yaml"
-    config.write_text(
-        f"""
-listen: "127.0.0.1:{port}"
-ledger: {{url: "sqlite:///ledger.db"}}
+    config = _config(
+        tmp_path,
+        port,
+        upstream,
+        """
 max_response_bytes: 8388608
-upstreams:
-  big: {{mcp: "{upstream}"}}
 tools:
-  - {{match: "big/read*", side_effect: false}}
-  - {{match: "big/send*", side_effect: true}}
-"""
+  - {match: "big/read*", side_effect: false}
+  - {match: "big/send*", side_effect: true}
+""",
     )
     with proxy_process(config) as process:
         memory = psutil.Process(process.pid)
@@ -155,15 +167,7 @@ async def test_a_big_relayed_answer_streams_through_without_being_held(
     reach the client whole, and `interlock serve` never holds the answer: its peak RSS grows by
     less than 24 MB (it read a known-length answer up to 64 MB whole before relaying it)."""
     port = _free_port()
-    config = tmp_path / "interlock.yaml"
-    config.write_text(
-        f"""
-listen: "127.0.0.1:{port}"
-ledger: {{url: "sqlite:///ledger.db"}}
-upstreams:
-  big: {{mcp: "{upstream}"}}
-"""
-    )
+    config = _config(tmp_path, port, upstream)
     body = {
         "jsonrpc": "2.0",
         "id": 5,

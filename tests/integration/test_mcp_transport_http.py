@@ -182,13 +182,21 @@ async def test_cancelling_a_modern_call_cancels_the_upstream_handler(
     proxy: RunningProxy, sse_upstream: RunningUpstream
 ):
     """A 2026-07-28 client that gives up closes its stream; the proxy aborts the upstream call."""
+    await _give_up_a_modern_hold(proxy, sse_upstream, "modern-c")
+
+
+async def _give_up_a_modern_hold(
+    proxy: RunningProxy, sse_upstream: RunningUpstream, tag: str
+) -> None:
+    """A modern client starts a long `hold`, gives up once the upstream runs it, and the
+    upstream's handler is then cancelled."""
     async with Client(proxy.mcp_url("sse"), mode="2026-07-28", cache=None) as client:
-        call = asyncio.create_task(client.call_tool("hold", {"seconds": 30, "tag": "modern-c"}))
-        await wait_until(lambda: "modern-c" in sse_upstream.stats()["started"])
+        call = asyncio.create_task(client.call_tool("hold", {"seconds": 30, "tag": tag}))
+        await wait_until(lambda: tag in sse_upstream.stats()["started"])
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-    await wait_until(lambda: "modern-c" in sse_upstream.stats()["cancelled"])
+    await wait_until(lambda: tag in sse_upstream.stats()["cancelled"])
 
 
 async def test_a_modern_side_effect_whose_client_leaves_is_recorded_unknown(
@@ -202,13 +210,7 @@ async def test_a_modern_side_effect_whose_client_leaves_is_recorded_unknown(
 
 
 async def _leave_a_side_effect(proxy: RunningProxy, sse_upstream: RunningUpstream) -> None:
-    async with Client(proxy.mcp_url("sse"), mode="2026-07-28", cache=None) as client:
-        call = asyncio.create_task(client.call_tool("hold", {"seconds": 30, "tag": "modern-u"}))
-        await wait_until(lambda: "modern-u" in sse_upstream.stats()["started"])
-        call.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await call
-    await wait_until(lambda: "modern-u" in sse_upstream.stats()["cancelled"])
+    await _give_up_a_modern_hold(proxy, sse_upstream, "modern-u")
     store = proxy.app[LEDGER].store
     assert store is not None
     for _ in range(500):  # the entry is marked once the cancelled call has unwound
