@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from policies.answers import CODE_INVALID_REQUEST, CODE_PARSE_ERROR
 from proxy.mcp.catalog import CATALOG, ToolCatalog, learn_tools
-from proxy.mcp.upstreams.relay import ClientGone, Trip, cancelled_when
 from proxy.mcp.wire.headers import (
     client_response_headers,
     is_modern,
@@ -32,6 +31,7 @@ from proxy.mcp.wire.jsonrpc import (
     wire_bytes,
 )
 from proxy.mcp.wire.sse import SseParser, format_comment, format_event
+from proxy.runtime.client_gone import ClientGone, Trip, cancelled_when
 
 
 def _code(raw: bytes) -> tuple[int, str, int]:

@@ -34,8 +34,8 @@ from proxy.errors import (
 from proxy.mcp.pipeline.attempts import ForwardPlan, forward_with_retries
 from proxy.mcp.pipeline.context import JsonObject, ToolCall
 from proxy.mcp.pipeline.outcomes import decode_replay, encode_outcome, outcome_state
-from proxy.mcp.upstreams.relay import cancelled_when
 from proxy.mcp.wire.tasks import created_task_id
+from proxy.runtime.client_gone import cancelled_when
 from proxy.runtime.leases import (
     AttemptNotClaimed,
     Lease,

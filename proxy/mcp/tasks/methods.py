@@ -34,7 +34,6 @@ from proxy.mcp.pipeline.deferral import task_view
 from proxy.mcp.pipeline.outcomes import stored_answer
 from proxy.mcp.tasks.input import answered_request, input_requests, waits_for_input
 from proxy.mcp.transport.context import PostContext
-from proxy.mcp.upstreams.relay import ClientGone
 from proxy.mcp.wire.jsonrpc import JsonObject, Message
 from proxy.mcp.wire.tasks import (
     RELATED_TASK_META,
@@ -44,6 +43,7 @@ from proxy.mcp.wire.tasks import (
     extension_task,
     related_task_result,
 )
+from proxy.runtime.client_gone import ClientGone
 from proxy.state import CONFIG, LEDGER
 
 __all__ = ["TASK_METHODS", "handle_task_request"]

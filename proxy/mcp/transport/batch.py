@@ -23,8 +23,8 @@ from proxy.mcp.transport.handoff import run_tools_call
 from proxy.mcp.transport.reply import ClientReply
 from proxy.mcp.transport.spans import traced
 from proxy.mcp.upstreams.channels import UpstreamChannel
-from proxy.mcp.upstreams.relay import ClientGone
 from proxy.mcp.wire.jsonrpc import Body, Message, dumps, wire_bytes
+from proxy.runtime.client_gone import ClientGone
 from proxy.state import CONFIG
 
 __all__ = ["handle_batch"]

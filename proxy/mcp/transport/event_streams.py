@@ -20,10 +20,10 @@ from aiohttp import web
 from policies.model import UpstreamSpec
 from proxy.mcp.transport.resumption import StreamRecord
 from proxy.mcp.transport.sessions import MCP_TRANSPORT, stream_key
-from proxy.mcp.upstreams.relay import ClientGone, cancelled_when
 from proxy.mcp.upstreams.stdio import StdioProcess
 from proxy.mcp.wire.headers import MCP_SESSION_ID_HEADER
 from proxy.mcp.wire.sse import SSE_HEADERS, format_comment, format_event
+from proxy.runtime.client_gone import ClientGone, cancelled_when
 
 __all__ = ["LAST_EVENT_ID_HEADER", "recorded_stream", "replay", "unsolicited_stream"]
 

@@ -32,12 +32,12 @@ from proxy.mcp.transport.handoff import run_tools_call
 from proxy.mcp.transport.reply import ClientReply
 from proxy.mcp.transport.sessions import SessionInfo
 from proxy.mcp.transport.spans import CallOutcome, traced
-from proxy.mcp.upstreams.relay import ClientGone
 from proxy.mcp.upstreams.stdio_pool import SessionCapReached
 from proxy.mcp.upstreams.streamable_http import relay_http
 from proxy.mcp.wire.headers import MCP_SESSION_ID_HEADER, upstream_request_headers
 from proxy.mcp.wire.jsonrpc import Message, WireMessage, dumps, wire_bytes
 from proxy.mcp.wire.tasks import declares_core_tasks
+from proxy.runtime.client_gone import ClientGone
 from proxy.state import CONFIG
 from proxy.telemetry.tracing import inject_headers
 

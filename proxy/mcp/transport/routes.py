@@ -29,7 +29,6 @@ from proxy.mcp.transport.event_streams import (
 from proxy.mcp.transport.post import handle_single
 from proxy.mcp.transport.reply import DisconnectWatcher, accepts_sse
 from proxy.mcp.transport.sessions import MCP_TRANSPORT, McpTransport
-from proxy.mcp.upstreams.relay import ClientGone
 from proxy.mcp.upstreams.stdio_pool import StdioUpstreams, default_max_line_bytes
 from proxy.mcp.upstreams.streamable_http import relay_http
 from proxy.mcp.wire.headers import (
@@ -39,6 +38,7 @@ from proxy.mcp.wire.headers import (
     upstream_request_headers,
 )
 from proxy.mcp.wire.jsonrpc import InvalidBody, parse_body
+from proxy.runtime.client_gone import ClientGone
 from proxy.state import CONFIG
 
 __all__ = ["setup_mcp"]

@@ -28,7 +28,7 @@ from typing import Any
 from policies.model import UpstreamSpec
 from proxy.errors import UpstreamAnswerTooLarge, UpstreamLost, UpstreamNotReached, UpstreamTimeout
 from proxy.mcp.upstreams.delivery import Backlog, Delivery
-from proxy.mcp.upstreams.relay import Relay, cancelled_when
+from proxy.mcp.upstreams.relay import Relay
 from proxy.mcp.wire.jsonrpc import (
     JsonObject,
     WireMessage,
@@ -38,6 +38,7 @@ from proxy.mcp.wire.jsonrpc import (
     progress_token,
     read_upstream_message,
 )
+from proxy.runtime.client_gone import cancelled_when
 
 __all__ = ["StdioProcess"]
 

@@ -32,11 +32,12 @@ from proxy.errors import (
     UpstreamRefused,
     UpstreamTimeout,
 )
-from proxy.mcp.upstreams.relay import Relay, cancelled_when
+from proxy.mcp.upstreams.relay import Relay
 from proxy.mcp.upstreams.sse_answers import SseAnswer, is_sse
 from proxy.mcp.wire.headers import client_response_headers
 from proxy.mcp.wire.jsonrpc import WireMessage, id_key, read_upstream_message
 from proxy.mcp.wire.sse import SSE_HEADERS, SseParser
+from proxy.runtime.client_gone import cancelled_when
 
 __all__ = ["PRESSURE_STATUSES", "HttpUpstreams", "ResponseTap", "exchange_http", "relay_http"]
 
