@@ -193,9 +193,9 @@ MUTANTS = (
         module="policies.keys",
         edits=(
             (
-                "    return _sha256(canonical_json("
-                '{"operation": operation, "arguments": arguments}))',
-                '    return _sha256(canonical_json({"arguments": arguments}))',
+                "    return _sha256(_dumps("
+                '{"operation": operation, "arguments": normal_arguments}))',
+                '    return _sha256(_dumps({"arguments": normal_arguments}))',
             ),
         ),
         tests=(
