@@ -52,15 +52,14 @@ class _Pending:
     """One request sent to the process and not answered yet."""
 
     future: asyncio.Future[WireMessage]
-    relay: Relay
+    delivery: Delivery
+    """Its progress and related messages, written to its caller without holding the reader."""
     original_id: Any
     wire_id: Any
     original_token: Any = None
     wire_token: Any = None
     method: str | None = None
     started: float = field(default_factory=time.monotonic)
-    delivery: Delivery = field(init=False)
-    """Its progress and related messages, written to its caller without holding the reader."""
 
 
 REQUEST_CANCELLED = -32800
@@ -164,7 +163,6 @@ class StdioProcess:
             raise UpstreamNotReached(f"{self.spec.name}: the client went away before sending")
         pending, line = self._prepare(message, raw, relay)
         pending.method = message.get("method")
-        pending.delivery = Delivery(relay, self.spec.name)
         key = id_key(pending.wire_id)
         self._pending[key] = pending
         if pending.wire_token is not None:
@@ -187,14 +185,15 @@ class StdioProcess:
     def _prepare(
         self, message: JsonObject, raw: bytes | None, relay: Relay
     ) -> tuple[_Pending, bytes]:
-        loop = asyncio.get_running_loop()
+        future = asyncio.get_running_loop().create_future()
+        delivery = Delivery(relay, self.spec.name)
         original_id = message.get("id")
         token = progress_token(message)
         if not self.shared:
             line = (
                 raw if raw is not None and b"\n" not in raw and b"\r" not in raw else dumps(message)
             )
-            pending = _Pending(loop.create_future(), relay, original_id, original_id, token, token)
+            pending = _Pending(future, delivery, original_id, original_id, token, token)
             return pending, line
         number = next(self._ids)
         wire_id = f"{self._prefix}-{number}"
@@ -204,7 +203,7 @@ class StdioProcess:
             params = dict(message["params"])
             params["_meta"] = {**params["_meta"], "progressToken": wire_token}
             rewritten["params"] = params
-        pending = _Pending(loop.create_future(), relay, original_id, wire_id, token, wire_token)
+        pending = _Pending(future, delivery, original_id, wire_id, token, wire_token)
         return pending, dumps(rewritten)
 
     async def _await_answer(
