@@ -132,21 +132,22 @@ async def keep_lease(store: LedgerStore, lease: Lease, lease_s: float) -> AsyncI
     # The claim committed just before: its lease surely holds for `lease_s` from a moment ago.
     lease.valid_until = min(lease.valid_until, loop.time() + lease_s)
     every_s = max(lease_s / 3.0, 0.05)
-    renewer: list[asyncio.Task[None]] = []
+    renewer: asyncio.Task[None] | None = None
 
     def start() -> None:
+        nonlocal renewer
         renewing = _renew_forever(store, lease, every_s)
-        renewer.append(asyncio.create_task(renewing, name=f"lease-{lease.entry_id}"))
+        renewer = asyncio.create_task(renewing, name=f"lease-{lease.entry_id}")
 
     due = loop.call_later(every_s, start)
     try:
         yield
     finally:
         due.cancel()
-        for task in renewer:
-            task.cancel()
+        if renewer is not None:
+            renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await renewer
 
 
 async def record_finish(

@@ -172,7 +172,6 @@ async def _forward_until_client_leaves(call: ToolCall, plan: ForwardPlan) -> Jso
     helper tasks per call."""
     if not call.ctx.modern:
         return await forward_with_retries(plan)
-    trip = None
     try:
         with cancelled_when(call.ctx.client_gone) as trip:
             return await forward_with_retries(plan)
