@@ -10,7 +10,7 @@ import aiohttp
 import psutil
 import pytest
 
-from tests.acceptance.test_proxy_crash import _free_port, proxy_process
+from tests.acceptance.test_proxy_crash import _free_port, proxy_process, write_config
 from tests.integration.fake_provider import export_digest, running_provider
 
 SIZE = 64 * 1024 * 1024
@@ -23,15 +23,7 @@ async def test_a_64_mb_answer_does_not_grow_the_proxy_by_more_than_24_mb(tmp_pat
     by several times the answer). Now it streams through while being hashed."""
     port = _free_port()
     async with running_provider() as provider:
-        config = tmp_path / "interlock.yaml"
-        config.write_text(
-            f"""
-listen: "127.0.0.1:{port}"
-ledger: {{url: "sqlite:///ledger.db"}}
-upstreams:
-  api: {{http: "{provider.url}"}}
-"""
-        )
+        config = write_config(tmp_path, port, f'  api: {{http: "{provider.url}"}}\n')
         with proxy_process(config) as process:
             memory = psutil.Process(process.pid)
             url = f"http://127.0.0.1:{port}/http/api/v1/exports?bytes={SIZE}"

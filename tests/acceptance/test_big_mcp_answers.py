@@ -13,7 +13,7 @@ import psutil
 import pytest
 from aiohttp import web
 
-from tests.acceptance.test_proxy_crash import _free_port, interlock, proxy_process
+from tests.acceptance.test_proxy_crash import _free_port, interlock, proxy_process, write_config
 from tests.integration.proxy_harness import serving
 
 SIZE = 64 * 1024 * 1024
@@ -75,17 +75,7 @@ def _peak_rss(pid: int) -> int:
 
 
 def _config(tmp_path: Path, port: int, upstream: str, more: str = "") -> Path:
-    config = tmp_path / "interlock.yaml"
-    config.write_text(
-        f"""
-listen: "127.0.0.1:{port}"
-ledger: {{url: "sqlite:///ledger.db"}}
-upstreams:
-  big: {{mcp: "{upstream}"}}
-"""
-        + more
-    )
-    return config
+    return write_config(tmp_path, port, f'  big: {{mcp: "{upstream}"}}\n', more)
 
 
 @pytest.fixture

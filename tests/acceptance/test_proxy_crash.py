@@ -65,6 +65,15 @@ def proxy_process(config: Path) -> Iterator[subprocess.Popen[str]]:
             process.stdout.close()
 
 
+def write_config(folder: Path, port: int, upstreams: str, more: str = "") -> Path:
+    """`folder/interlock.yaml`: listening on `port`, a SQLite ledger, the `upstreams:` entries
+    given (indented YAML lines), then `more` (further top-level YAML)."""
+    config = folder / "interlock.yaml"
+    head = f'listen: "127.0.0.1:{port}"\nledger: {{url: "sqlite:///ledger.db"}}\nupstreams:\n'
+    config.write_text(head + upstreams + more)
+    return config
+
+
 def interlock(config: Path, *args: str) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "proxy", *args, "--config", str(config)],
