@@ -16,9 +16,10 @@ those that fit every scope they touch, until none fits:
    twice while another tenant of the band waits with a call that fits; then that tenant's
    oldest fitting call.
 
-Calls of the same *shape* (band and scopes) are interchangeable for every rule above except
+Calls of the same *shape* (see `shape_of`) are interchangeable for every rule above except
 arrival order, so the engine works on queues of one shape each, looking only at their heads:
-a dispatch costs O(shapes × scopes) per start, not O(waiting calls). Calls to an upstream in
+a dispatch costs O(shapes × scopes) per start, not O(waiting calls), and the number of shapes
+follows the tenants and limited scopes waiting, not the agent runs. Calls to an upstream in
 cooldown are not started; a head whose wait has run out is refused (`deadline`) on the way.
 """
 
@@ -37,11 +38,11 @@ from policies.admission import (
     deadline_refusal,
     has_room,
 )
-from policies.model import WORK_CLASSES, Config, WorkClass
+from policies.model import WORK_CLASSES, Config, Limits, WorkClass
 
 __all__ = ["Dispatch", "Shape", "select_from_queues", "select_starts", "shape_of"]
 
-Shape = tuple[WorkClass, bool, tuple[str, ...]]
+Shape = tuple[WorkClass, bool, str, str, tuple[str | Limits, ...]]
 _NON_CRITICAL: tuple[WorkClass, ...] = tuple(b for b in WORK_CLASSES if b != "critical")
 
 
@@ -55,9 +56,17 @@ class Dispatch:
 
 def shape_of(waiter: Waiter) -> Shape:
     """What makes two waiting calls interchangeable for admission: band, deferred or not (deferred
-    work leaves the live reserve free), and scopes."""
+    work leaves the live reserve free), tenant (round-robin), upstream (cooldowns), the limited
+    scopes they count against, and the limits of the others (which set their patience).
+
+    An unlimited scope is keyed by its limits, not its name, so calls of a thousand agent runs
+    of one tenant wait in one queue, not a thousand that every release would look at."""
     request = waiter.request
-    return (request.work_class, request.deferred, tuple(scope.name for scope in waiter.scopes))
+    keys = tuple(
+        scope.name if scope.limits.max_running is not None else scope.limits
+        for scope in waiter.scopes
+    )
+    return (request.work_class, request.deferred, request.tenant, request.upstream, keys)
 
 
 def select_starts(

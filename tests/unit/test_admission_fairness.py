@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from collections import Counter
 from itertools import count
+from typing import Any
 
-from policies.admission import AdmissionRequest, AdmissionState, Queue, Waiter, decide_entry
-from policies.admission_book import AdmissionBook
+from policies import admission_fairness
+from policies.admission import (
+    AdmissionRequest,
+    AdmissionState,
+    Admit,
+    Queue,
+    Waiter,
+    decide_entry,
+)
+from policies.admission_book import AdmissionBook, Running
 from policies.admission_fairness import select_starts
 from policies.model import ClassBand, Config, Limits, UpstreamSpec, WorkClass
 
@@ -191,3 +200,74 @@ def test_a_waiting_deferred_call_is_not_started_into_the_live_reserve() -> None:
         )
     starts = select_starts(config, state, waiters, NOW).starts
     assert [w.seq for w in starts] == [2]
+
+
+def _queue_runs(book: AdmissionBook, config: Config, runs: list[tuple[str, str]]) -> None:
+    """Queue one background call per (tenant, run id) behind a full global scope."""
+    for tenant, run in runs:
+        request = AdmissionRequest(tenant, "background", "mail", run_id=run, deadline=NOW + 100)
+        decision = decide_entry(config, busy(10**6), request, NOW)
+        assert isinstance(decision, Queue)
+        book.enqueue(request, decision, NOW)
+
+
+def test_a_release_looks_at_queue_heads_per_tenant_not_per_run(monkeypatch: Any) -> None:
+    """2,000 calls of distinct agent runs wait (runs unlimited): each release examines a few
+    queue heads, not one per run, and still starts the oldest call first."""
+    config = make_config(1)
+    book = AdmissionBook(config)
+    _queue_runs(book, config, [("acme", f"r{i}") for i in range(2000)])
+    examined = 0
+    real_next_live = admission_fairness._next_live
+
+    def counting(rest: Any, *args: Any) -> Any:
+        nonlocal examined
+        examined += 1
+        return real_next_live(rest, *args)
+
+    monkeypatch.setattr(admission_fairness, "_next_live", counting)
+    order = []
+    for _ in range(3):
+        examined = 0
+        started = book.dispatch(NOW).started
+        assert [w.request.run_id for w, _ in started] == [f"r{len(order)}"]
+        assert examined <= 2, examined
+        order.append(started[0][0].request.run_id)
+        book.finish(started[0][1], NOW)
+
+
+def test_runs_of_two_tenants_still_alternate() -> None:
+    """Distinct runs share a queue only within one tenant: tenants still take turns."""
+    config = make_config(1)
+    book = AdmissionBook(config)
+    _queue_runs(book, config, [("a", "r1"), ("a", "r2"), ("a", "r3"), ("b", "r4")])
+    order = []
+    for _ in range(4):
+        started = book.dispatch(NOW).started
+        order.append(started[0][0].request.run_id)
+        book.finish(started[0][1], NOW)
+    assert order == ["r1", "r4", "r2", "r3"]
+
+
+def test_a_limited_run_does_not_hold_up_another_run() -> None:
+    """With runs limited to one call each, a waiting call of a busy run does not block a later
+    call of an idle run: limited scopes keep their own queues."""
+    config = Config(
+        upstreams={"mail": UpstreamSpec("mail", "mcp_http", url="http://127.0.0.1:9")},
+        limits={"global": Limits(max_running=2), "run": Limits(max_running=1)},
+    )
+    book = AdmissionBook(config)
+    busy_run = AdmissionRequest("acme", "background", "mail", run_id="r1", deadline=NOW + 100)
+    admitted = book.decide(busy_run, NOW)
+    assert isinstance(admitted, Admit)
+    book.start(busy_run, admitted.scopes, NOW)
+    book.start(
+        AdmissionRequest("acme", "background", "mail", run_id="r0"), admitted.scopes[:2], NOW
+    )
+    _queue_runs(book, config, [("acme", "r1"), ("acme", "r2")])
+    running = book.dispatch(NOW).started
+    assert running == []
+    other = AdmissionRequest("acme", "background", "mail", run_id="r0")
+    book.finish(Running(other, admitted.scopes[:2], NOW), NOW)
+    started = book.dispatch(NOW).started
+    assert [w.request.run_id for w, _ in started] == ["r2"]
