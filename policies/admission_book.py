@@ -29,6 +29,7 @@ from policies.admission import (
     decide_entry,
 )
 from policies.admission_fairness import Shape, select_from_queues, shape_of
+from policies.admission_turns import TurnIndex, TurnSearch
 from policies.model import Config, WorkClass
 
 __all__ = [
@@ -96,6 +97,7 @@ class AdmissionBook:
         self._band_waiting: dict[tuple[WorkClass, str], int] = {}
         self._waiters: dict[int, Waiter] = {}
         self._queues: dict[Shape, dict[int, Waiter]] = {}  # one FIFO per shape, for dispatch
+        self._index = TurnIndex(self._turns)  # the queues by band, group and turn
         self._holds: dict[int, Hold] = {}
         self._paused: set[str] = set()
         self._stopping = False
@@ -201,12 +203,17 @@ class AdmissionBook:
             next(self._seq), request, decision.scopes, now, decision.deadline, decision.lift_at
         )
         self._waiters[waiter.seq] = waiter
-        self._queues.setdefault(shape_of(waiter), {})[waiter.seq] = waiter
-        self._count_queued(decision.scopes, 1)
         key = (request.work_class, request.tenant)
         if key not in self._turns:
             self._turns[key] = next(self._turn)
         _bump(self._band_waiting, key, 1)
+        shape = shape_of(waiter)
+        queue = self._queues.get(shape)
+        if queue is None:
+            queue = self._queues[shape] = {}
+            self._index.add(shape, waiter.scopes)
+        queue[waiter.seq] = waiter
+        self._count_queued(decision.scopes, 1)
         return waiter
 
     def withdraw(self, waiter: Waiter) -> bool:
@@ -217,9 +224,17 @@ class AdmissionBook:
         return True
 
     def dispatch(self, now: float) -> Dispatched:
-        """Start every queued call that may start now (refusing expired queue heads on the way)."""
+        """Start every queued call that may start now (refusing expired queue heads on the way).
+
+        The result is the engine's (`select_from_queues`) over every queue. While at most one band
+        besides critical waits, that choice is made through the turn index instead: critical
+        first, then the tenant whose turn comes first among those with a call that fits, then
+        its oldest such call. A group whose shared scopes are full is skipped whole, so a
+        release costs O(groups) rather than O(tenants waiting)."""
         if not self._waiters:
             return Dispatched([], [])
+        if sum(band != "critical" for band in self._index.bands()) <= 1:
+            return self._dispatch_by_turns(now)
         queues = [queue.values() for queue in self._queues.values()]
         chosen = select_from_queues(self.config, self.state(), queues, now)
         expired: list[tuple[Waiter, Refusal]] = []
@@ -232,6 +247,20 @@ class AdmissionBook:
             self._leave_band(waiter, served=True)
             started.append((waiter, self.start(waiter.request, waiter.scopes, now)))
         return Dispatched(started, expired)
+
+    def _dispatch_by_turns(self, now: float) -> Dispatched:
+        search = TurnSearch(self.config, self._index, self._queues, self._cooldown_until, now)
+        bands = sorted(self._index.bands(), key=lambda band: band != "critical")
+        started: list[tuple[Waiter, Running]] = []
+        try:
+            while (pick := search.next_start(bands, self.state())) is not None:
+                self._unqueue(pick)
+                self._leave_band(pick, served=True)
+                started.append((pick, self.start(pick.request, pick.scopes, now)))
+        finally:
+            self._index.restore(search.set_aside)
+        refusals = [(w, self.deadline_refusal(w)) for w in search.late.values()]
+        return Dispatched(started, [(w, r) for w, r in refusals if self.withdraw(w)])
 
     def expire(self, now: float) -> list[tuple[Waiter, Refusal]]:
         """Refuse every queued call whose wait ran out (a full scan; the runtime uses timers)."""
@@ -302,6 +331,7 @@ class AdmissionBook:
         del queue[waiter.seq]
         if not queue:
             del self._queues[shape]
+            self._index.remove(shape)
         self._count_queued(waiter.scopes, -1)
         return True
 
@@ -316,6 +346,7 @@ class AdmissionBook:
             self._turns.pop(key, None)
         elif served:
             self._turns[key] = next(self._turn)
+            self._index.new_turn(*key)
 
 
 def _bump(table: dict[_K, int], key: _K, delta: int) -> None:

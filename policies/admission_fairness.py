@@ -19,7 +19,9 @@ those that fit every scope they touch, until none fits:
 Calls of the same *shape* (see `shape_of`) are interchangeable for every rule above except
 arrival order, so the engine works on queues of one shape each, looking only at their heads:
 a dispatch costs O(shapes × scopes) per start, not O(waiting calls), and the number of shapes
-follows the tenants and limited scopes waiting, not the agent runs. Calls to an upstream in
+follows the tenants and limited scopes waiting, not the agent runs. While at most one band
+besides critical waits, `AdmissionBook.dispatch` reaches the same choice through its turn index
+(`policies.admission_turns`) without looking at every tenant's queue. Calls to an upstream in
 cooldown are not started; a head whose wait has run out is refused (`deadline`) on the way.
 """
 
@@ -33,6 +35,7 @@ from policies.admission import (
     AdmissionState,
     Load,
     Refusal,
+    Scope,
     Waiter,
     band_of,
     deadline_refusal,
@@ -40,7 +43,16 @@ from policies.admission import (
 )
 from policies.model import WORK_CLASSES, Config, Limits, WorkClass
 
-__all__ = ["Dispatch", "Shape", "select_from_queues", "select_starts", "shape_of"]
+__all__ = [
+    "Dispatch",
+    "Room",
+    "Shape",
+    "fits",
+    "scope_has_room",
+    "select_from_queues",
+    "select_starts",
+    "shape_of",
+]
 
 Shape = tuple[WorkClass, bool, str, str, tuple[str | Limits, ...]]
 _NON_CRITICAL: tuple[WorkClass, ...] = tuple(b for b in WORK_CLASSES if b != "critical")
@@ -99,8 +111,8 @@ def select_from_queues(
     next_turn = max(state.turns.values(), default=0) + 1
     starts: list[Waiter] = []
     while heads:
-        room: dict[tuple[str, WorkClass, bool], bool] = {}  # heads share scopes: judge each once
-        fitting = [h for h in heads if _fits(config, h.waiter, load, room)]
+        room: Room = {}  # heads share scopes: judge each once
+        fitting = [h for h in heads if fits(config, h.waiter, load, room)]
         if not fitting:
             break
         head = _choose(config, fitting, load, state, turns, now)
@@ -144,20 +156,28 @@ def _cooling(state: AdmissionState, waiter: Waiter, now: float) -> bool:
     return state.cooldown_until.get(waiter.request.upstream, -math.inf) > now
 
 
-def _fits(
-    config: Config, waiter: Waiter, load: Load, room: dict[tuple[str, WorkClass, bool], bool]
-) -> bool:
+Room = dict[tuple[str, WorkClass, bool], bool]
+"""Room in a scope for one more call of a band (deferred or not), judged once per start."""
+
+
+def fits(config: Config, waiter: Waiter, load: Load, room: Room) -> bool:
+    """Whether `waiter` has room in every limited scope it touches (`room` caches the verdicts
+    while `load` stays the same)."""
     band, deferred = waiter.request.work_class, waiter.request.deferred
-    for scope in waiter.scopes:
-        if scope.limits.max_running is None:
-            continue
-        key = (scope.name, band, deferred)
-        fits = room.get(key)
-        if fits is None:
-            fits = room[key] = has_room(config, scope, band, load, deferred=deferred)
-        if not fits:
-            return False
-    return True
+    return all(scope_has_room(config, s, band, deferred, load, room) for s in waiter.scopes)
+
+
+def scope_has_room(
+    config: Config, scope: Scope, band: WorkClass, deferred: bool, load: Load, room: Room
+) -> bool:
+    """`has_room`, remembered in `room` per (scope, band, deferred)."""
+    if scope.limits.max_running is None:
+        return True
+    key = (scope.name, band, deferred)
+    verdict = room.get(key)
+    if verdict is None:
+        verdict = room[key] = has_room(config, scope, band, load, deferred=deferred)
+    return verdict
 
 
 def _choose(

@@ -6,7 +6,7 @@ from collections import Counter
 from itertools import count
 from typing import Any
 
-from policies import admission_fairness
+from policies import admission_book, admission_fairness
 from policies.admission import (
     AdmissionRequest,
     AdmissionState,
@@ -271,3 +271,93 @@ def test_a_limited_run_does_not_hold_up_another_run() -> None:
     book.finish(Running(other, admitted.scopes[:2], NOW), NOW)
     started = book.dispatch(NOW).started
     assert [w.request.run_id for w, _ in started] == ["r2"]
+
+
+def test_a_release_with_thousands_of_tenants_waiting_checks_room_a_few_times(
+    monkeypatch: Any,
+) -> None:
+    """2,000 tenants wait behind an upstream limited to 4 (each tenant limited to 2): a release
+    starts the tenant whose turn it is with a handful of room checks, not one per tenant."""
+    config = Config(
+        upstreams={
+            "mail": UpstreamSpec(
+                "mail", "mcp_http", url="http://127.0.0.1:9", limits=Limits(max_running=4)
+            )
+        },
+        limits={"tenant": Limits(max_running=2)},
+    )
+    book = AdmissionBook(config)
+    running = []
+    for i in range(4):
+        request = AdmissionRequest(f"busy{i}", "background", "mail", deadline=NOW + 100)
+        admitted = book.decide(request, NOW)
+        assert isinstance(admitted, Admit)
+        running.append(book.start(request, admitted.scopes, NOW))
+    for i in range(2000):
+        request = AdmissionRequest(f"t{i}", "background", "mail", deadline=NOW + 100)
+        decision = book.decide(request, NOW)
+        assert isinstance(decision, Queue)
+        book.enqueue(request, decision, NOW)
+    checks = 0
+    real_has_room = admission_fairness.has_room
+
+    def counting(*args: Any, **kwargs: Any) -> bool:
+        nonlocal checks
+        checks += 1
+        return real_has_room(*args, **kwargs)
+
+    for module in (admission_fairness, admission_book):
+        monkeypatch.setattr(module, "has_room", counting, raising=False)
+    for expected in ("t0", "t1", "t2"):
+        checks = 0
+        book.finish(running.pop(0), NOW)
+        started = book.dispatch(NOW).started
+        assert [w.request.tenant for w, _ in started] == [expected]
+        assert checks <= 20, checks
+        running.append(started[0][1])
+
+
+def _serve_one_at_a_time(book: AdmissionBook, calls: list[tuple[str, str]]) -> list[int]:
+    """Queue (tenant, upstream) background calls behind a full global scope of 1, then release
+    that slot call by call; the order in which the queued calls (by arrival number) started."""
+    config = book.config
+    for tenant, upstream in calls:
+        request = AdmissionRequest(tenant, "background", upstream, deadline=NOW + 100)
+        decision = decide_entry(config, busy(10**6), request, NOW)
+        assert isinstance(decision, Queue)
+        book.enqueue(request, decision, NOW)
+    order = []
+    for _ in calls:
+        started = book.dispatch(NOW).started
+        assert len(started) == 1
+        order.append(started[0][0].seq)
+        book.finish(started[0][1], NOW)
+    return order
+
+
+def test_a_tenant_with_calls_to_two_upstreams_gets_its_oldest_first() -> None:
+    """Tenant a waits on files, then on mail: its turn starts the files call (the older)."""
+    book = AdmissionBook(make_config(1))
+    assert _serve_one_at_a_time(book, [("a", "files"), ("a", "mail")]) == [1, 2]
+
+
+def test_turns_decide_across_upstreams() -> None:
+    """b waits twice on files, a once on mail (after b's first): b, then a, then b again,
+    although files's queue came first."""
+    book = AdmissionBook(make_config(1))
+    assert _serve_one_at_a_time(book, [("b", "files"), ("a", "mail"), ("b", "files")]) == [1, 2, 3]
+
+
+def test_a_dispatch_refuses_the_expired_calls_it_meets() -> None:
+    """A call whose wait ran out ahead of a live one in the same queue is refused (deadline) by
+    the dispatch that starts the live one."""
+    book = AdmissionBook(make_config(1))
+    for deadline in (NOW + 5, NOW + 100):
+        request = AdmissionRequest("a", "background", "mail", deadline=deadline)
+        decision = decide_entry(book.config, busy(10**6), request, NOW)
+        assert isinstance(decision, Queue)
+        book.enqueue(request, decision, NOW)
+    result = book.dispatch(NOW + 10)
+    assert [(w.seq, r.reason) for w, r in result.expired] == [(1, "deadline")]
+    assert [w.seq for w, _ in result.started] == [2]
+    assert not any(True for _ in book.waiters())
