@@ -28,8 +28,9 @@ from policies.admission import (
     deadline_refusal,
     decide_entry,
 )
-from policies.admission_fairness import Shape, select_from_queues, shape_of
-from policies.admission_turns import TurnIndex, TurnSearch
+from policies.admission_fairness import Shape, shape_of
+from policies.admission_search import TurnSearch
+from policies.admission_turns import TurnIndex
 from policies.model import Config, WorkClass
 
 __all__ = [
@@ -97,7 +98,7 @@ class AdmissionBook:
         self._band_waiting: dict[tuple[WorkClass, str], int] = {}
         self._waiters: dict[int, Waiter] = {}
         self._queues: dict[Shape, dict[int, Waiter]] = {}  # one FIFO per shape, for dispatch
-        self._index = TurnIndex(self._turns)  # the queues by band, group and turn
+        self._index = TurnIndex(self._turns, self._queues)  # by band, group and turn
         self._holds: dict[int, Hold] = {}
         self._paused: set[str] = set()
         self._stopping = False
@@ -210,9 +211,10 @@ class AdmissionBook:
         shape = shape_of(waiter)
         queue = self._queues.get(shape)
         if queue is None:
-            queue = self._queues[shape] = {}
+            self._queues[shape] = {waiter.seq: waiter}
             self._index.add(shape, waiter.scopes)
-        queue[waiter.seq] = waiter
+        else:
+            queue[waiter.seq] = waiter
         self._count_queued(decision.scopes, 1)
         return waiter
 
@@ -224,36 +226,15 @@ class AdmissionBook:
         return True
 
     def dispatch(self, now: float) -> Dispatched:
-        """Start every queued call that may start now (refusing expired queue heads on the way).
-
-        The result is the engine's (`select_from_queues`) over every queue. While at most one band
-        besides critical waits, that choice is made through the turn index instead: critical
-        first, then the tenant whose turn comes first among those with a call that fits, then
-        its oldest such call. A group whose shared scopes are full is skipped whole, so a
-        release costs O(groups) rather than O(tenants waiting)."""
+        """Start every queued call that may start now (refusing expired queue heads met on the
+        way): the engine's choice (`policies.admission_fairness.select_from_queues`), found
+        through the turn index (`policies.admission_search`) without reading every queue."""
         if not self._waiters:
             return Dispatched([], [])
-        if sum(band != "critical" for band in self._index.bands()) <= 1:
-            return self._dispatch_by_turns(now)
-        queues = [queue.values() for queue in self._queues.values()]
-        chosen = select_from_queues(self.config, self.state(), queues, now)
-        expired: list[tuple[Waiter, Refusal]] = []
-        for waiter, refusal in chosen.expired:
-            if self.withdraw(waiter):
-                expired.append((waiter, refusal))
-        started: list[tuple[Waiter, Running]] = []
-        for waiter in chosen.starts:
-            self._unqueue(waiter)
-            self._leave_band(waiter, served=True)
-            started.append((waiter, self.start(waiter.request, waiter.scopes, now)))
-        return Dispatched(started, expired)
-
-    def _dispatch_by_turns(self, now: float) -> Dispatched:
         search = TurnSearch(self.config, self._index, self._queues, self._cooldown_until, now)
-        bands = sorted(self._index.bands(), key=lambda band: band != "critical")
         started: list[tuple[Waiter, Running]] = []
         try:
-            while (pick := search.next_start(bands, self.state())) is not None:
+            while (pick := search.next_start(self.state())) is not None:
                 self._unqueue(pick)
                 self._leave_band(pick, served=True)
                 started.append((pick, self.start(pick.request, pick.scopes, now)))
@@ -328,10 +309,13 @@ class AdmissionBook:
             return False
         shape = shape_of(waiter)
         queue = self._queues[shape]
+        was_head = next(iter(queue)) == waiter.seq
         del queue[waiter.seq]
         if not queue:
             del self._queues[shape]
             self._index.remove(shape)
+        elif was_head:
+            self._index.new_head(shape)
         self._count_queued(waiter.scopes, -1)
         return True
 

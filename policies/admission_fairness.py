@@ -52,6 +52,8 @@ __all__ = [
     "select_from_queues",
     "select_starts",
     "shape_of",
+    "share_weight",
+    "usage_of",
 ]
 
 Shape = tuple[WorkClass, bool, str, str, tuple[str | Limits, ...]]
@@ -213,19 +215,25 @@ def _pick_band(config: Config, fitting: list[Waiter], load: Load, now: float) ->
 
 def _usage(config: Config, band: WorkClass, fitting: list[Waiter], load: Load) -> float:
     """How far `band` is into its share, as its best-placed fitting call sees it."""
-    total = sum(max(band_of(config, b).share, 0.0) for b in _NON_CRITICAL)
-    weight = max(band_of(config, band).share, 0.0) / total if total > 0 else 0.0
+    weight = share_weight(config, band)
     if weight <= 0:
         return math.inf
-    best = math.inf
-    for waiter in fitting:
-        if waiter.request.work_class != band:
-            continue
-        worst = 0.0
-        for scope in waiter.scopes:
-            limit = scope.limits.max_running
-            if limit:
-                used = (load.running_class(scope.name, band) + 1) / (weight * limit)
-                worst = max(worst, used)
-        best = min(best, worst)
-    return best
+    calls = (w for w in fitting if w.request.work_class == band)
+    return min((usage_of(w.scopes, band, load, weight) for w in calls), default=math.inf)
+
+
+def share_weight(config: Config, band: WorkClass) -> float:
+    """The band's share among the non-critical bands (0 when it has none)."""
+    total = sum(max(band_of(config, b).share, 0.0) for b in _NON_CRITICAL)
+    return max(band_of(config, band).share, 0.0) / total if total > 0 else 0.0
+
+
+def usage_of(scopes: tuple[Scope, ...], band: WorkClass, load: Load, weight: float) -> float:
+    """How far one more call of `band` in `scopes` would take the band into its share: the worst
+    of its limited scopes."""
+    worst = 0.0
+    for scope in scopes:
+        limit = scope.limits.max_running
+        if limit:
+            worst = max(worst, (load.running_class(scope.name, band) + 1) / (weight * limit))
+    return worst

@@ -1,35 +1,34 @@
-"""The book's index of waiting queues by band, *group* and tenant, in round-robin turn order.
+"""The book's index of waiting queues by band, *group* and tenant.
 
 A group is every queue of a band that touches the same scopes apart from its tenant and run
 scopes (deferred or not, the upstream, the limited shared scopes such as `global`, `upstream:u`
 or `cost_class:c`, and the limits of the unlimited ones). Queues of one group therefore all have
 room, or all lack it, in those shared scopes, and all cool down together; they differ only in
-tenant (and run) scopes, and in whose turn it is.
+tenant (and run) scopes, in whose turn it is, and in age.
 
-Per (band, group) the index keeps its tenants and a heap of (turn, tenant) entries. An entry is
-current while the tenant is still in the group with that turn; older ones are dropped when they
-reach the top, and the heap is rebuilt when stale entries outnumber current ones. This lets the
-book find the tenant whose turn it is among those that fit, skipping a whole group whose shared
-scopes are full in O(1), instead of looking at every waiting tenant (see
-`AdmissionBook.dispatch`).
+Per (band, group) the index keeps its tenants with their queues and two heaps: (turn, tenant)
+for round-robin, and (lift time, arrival) of each queue's oldest call for ageing. An entry is
+current while it still says the truth (the tenant is in the group with that turn; the call is
+its queue's oldest live one); others are dropped when they reach the top, and a heap is rebuilt
+when stale entries outnumber current ones. `policies.admission_search` reads it.
 """
 
 from __future__ import annotations
 
-import functools
 import heapq
-import math
-from collections.abc import Callable, Iterator, Mapping
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 
-from policies.admission import AdmissionState, Load, Scope, Waiter
-from policies.admission_fairness import Room, Shape, fits, scope_has_room
-from policies.model import Config, Limits, WorkClass
+from policies.admission import Scope, Waiter
+from policies.admission_fairness import Shape
+from policies.model import Limits, WorkClass
 
-__all__ = ["Group", "TurnIndex", "TurnSearch", "group_of"]
-
-SetAside = list[tuple[WorkClass, "Group", tuple[int, str]]]
+__all__ = ["Group", "SetAside", "TurnIndex", "group_of"]
 
 Group = tuple[bool, str, tuple[str | Limits, ...]]
+_Lift = tuple[float, int, int, Shape]  # (lift_at, seq, tie-breaker, shape) of a queue's head
+
 _OWN_SCOPES = ("tenant:", "run:")
 
 
@@ -41,36 +40,48 @@ def group_of(shape: Shape) -> Group:
 
 
 class _Members:
-    """One (band, group): its tenants with their shapes, the turn heap, the shared scopes."""
+    """One (band, group): its tenants with their queues, the shared scopes, and two heaps: the
+    tenants by turn, and the queue heads by lift time (ageing)."""
 
-    __slots__ = ("band", "heap", "shared", "tenants")
+    __slots__ = ("band", "lifts", "queues", "shared", "tenants", "turns")
 
     def __init__(self, band: WorkClass, shared: tuple[Scope, ...]) -> None:
         self.band = band
-        self.tenants: dict[str, dict[Shape, None]] = {}
-        self.heap: list[tuple[int, str]] = []
         self.shared = shared
+        self.tenants: dict[str, dict[Shape, None]] = {}
+        self.queues = 0
+        self.turns: list[tuple[int, str]] = []
+        self.lifts: list[_Lift] = []
 
-    def push(self, turn: int, tenant: str, turns: dict[tuple[WorkClass, str], int]) -> None:
-        heapq.heappush(self.heap, (turn, tenant))
-        if len(self.heap) > 2 * len(self.tenants) + 16:  # mostly stale: rebuild from the truth
-            self.heap = [(turns[(self.band, t)], t) for t in self.tenants]
-            heapq.heapify(self.heap)
+
+@dataclass(slots=True)
+class SetAside:
+    """Heap entries taken off during one dispatch because their call did not fit (nothing
+    started in the same dispatch can make it fit: starts only add load); put back at its end."""
+
+    turns: list[tuple[_Members, tuple[int, str]]] = field(default_factory=list)
+    lifts: list[tuple[_Members, _Lift]] = field(default_factory=list)
 
 
 class TurnIndex:
-    """Waiting queues by band, group and tenant; turns are read from the book's table."""
+    """Waiting queues by band, group and tenant, over the book's turn table and queues."""
 
-    def __init__(self, turns: dict[tuple[WorkClass, str], int]) -> None:
+    def __init__(
+        self,
+        turns: Mapping[tuple[WorkClass, str], int],
+        queues: Mapping[Shape, Mapping[int, Waiter]],
+    ) -> None:
         self._turns = turns
+        self._queues = queues
         self._bands: dict[WorkClass, dict[Group, _Members]] = {}
+        self._ties = itertools.count()
 
     def bands(self) -> list[WorkClass]:
         """Bands with waiting queues."""
         return list(self._bands)
 
     def add(self, shape: Shape, scopes: tuple[Scope, ...]) -> None:
-        """A queue of `shape` now exists (its tenant's turn is already in the turn table)."""
+        """A queue of `shape` now exists with one call (its tenant's turn is in the table)."""
         band, tenant = shape[0], shape[2]
         groups = self._bands.setdefault(band, {})
         group = group_of(shape)
@@ -82,12 +93,14 @@ class TurnIndex:
                 if s.limits.max_running is not None and not s.name.startswith(_OWN_SCOPES)
             )
             members = groups[group] = _Members(band, shared)
+        members.queues += 1
         shapes = members.tenants.get(tenant)
         if shapes is None:
             members.tenants[tenant] = {shape: None}
-            members.push(self._turns[(band, tenant)], tenant, self._turns)
+            self._push_turn(members, tenant)
         else:
             shapes[shape] = None
+        self.new_head(shape)
 
     def remove(self, shape: Shape) -> None:
         """The queue of `shape` is empty."""
@@ -95,6 +108,7 @@ class TurnIndex:
         groups = self._bands[band]
         group = group_of(shape)
         members = groups[group]
+        members.queues -= 1
         shapes = members.tenants[tenant]
         del shapes[shape]
         if not shapes:
@@ -106,14 +120,41 @@ class TurnIndex:
 
     def new_turn(self, band: WorkClass, tenant: str) -> None:
         """The tenant's turn in `band` changed (it was served and still waits)."""
-        turn = self._turns[(band, tenant)]
         for members in self._bands.get(band, {}).values():
             if tenant in members.tenants:
-                members.push(turn, tenant, self._turns)
+                self._push_turn(members, tenant)
+
+    def new_head(self, shape: Shape) -> None:
+        """The queue of `shape` has a new oldest call."""
+        members = self._bands[shape[0]][group_of(shape)]
+        head = next(iter(self._queues[shape].values()))
+        heapq.heappush(members.lifts, (head.lift_at, head.seq, next(self._ties), shape))
+        if len(members.lifts) > 2 * members.queues + 16:  # mostly stale: rebuild
+            members.lifts = [
+                (head.lift_at, head.seq, next(self._ties), shape)
+                for shapes in members.tenants.values()
+                for shape in shapes
+                for head in (next(iter(self._queues[shape].values())),)
+            ]
+            heapq.heapify(members.lifts)
+
+    def _push_turn(self, members: _Members, tenant: str) -> None:
+        heapq.heappush(members.turns, (self._turns[(members.band, tenant)], tenant))
+        if len(members.turns) > 2 * len(members.tenants) + 16:  # mostly stale: rebuild
+            members.turns = [(self._turns[(members.band, t)], t) for t in members.tenants]
+            heapq.heapify(members.turns)
+
+    # -- reading -------------------------------------------------------------------------
 
     def groups(self, band: WorkClass) -> list[tuple[Group, tuple[Scope, ...]]]:
         """The band's groups with their limited shared scopes."""
         return [(group, m.shared) for group, m in self._bands.get(band, {}).items()]
+
+    def tenants_in(self, band: WorkClass, group: Group) -> Iterator[tuple[str, Iterable[Shape]]]:
+        """The tenants of one group with their queues, in no particular order (a live view:
+        the index must not change while it is read)."""
+        members = self._bands.get(band, {}).get(group)
+        return iter(members.tenants.items()) if members is not None else iter(())
 
     def shapes_in(self, band: WorkClass, group: Group, tenant: str) -> list[Shape]:
         """The queues of `tenant` in one group of `band`."""
@@ -126,22 +167,15 @@ class TurnIndex:
             for shape in list(members.tenants.get(tenant, ())):
                 yield group, shape
 
-    def first_fitting(
-        self,
-        band: WorkClass,
-        group: Group,
-        fits: Callable[[str], bool],
-        set_aside: SetAside,
+    def first_in_turn(
+        self, band: WorkClass, group: Group, fits: Callable[[str], bool], set_aside: SetAside
     ) -> tuple[int, str] | None:
-        """The (turn, tenant) of the group whose turn comes first among those that `fits`.
-
-        Tenants that do not fit are taken off the heap into `set_aside` (nothing started in the
-        same dispatch can make them fit: starts only add load); `restore` puts them back.
-        """
+        """The (turn, tenant) of the group whose turn comes first among those that `fits`;
+        tenants that do not fit go to `set_aside`."""
         members = self._bands.get(band, {}).get(group)
         if members is None:
             return None
-        heap = members.heap
+        heap = members.turns
         while heap:
             turn, tenant = heap[0]
             if tenant not in members.tenants or self._turns.get((band, tenant)) != turn:
@@ -149,80 +183,41 @@ class TurnIndex:
                 continue
             if fits(tenant):
                 return turn, tenant
-            set_aside.append((band, group, heapq.heappop(heap)))
+            set_aside.turns.append((members, heapq.heappop(heap)))
         return None
 
-    def restore(self, set_aside: SetAside) -> None:
-        """Put back the entries `first_fitting` set aside (stale ones are dropped later)."""
-        for band, group, entry in set_aside:
-            members = self._bands.get(band, {}).get(group)
-            if members is not None:
-                heapq.heappush(members.heap, entry)
-
-
-class TurnSearch:
-    """One dispatch's search through a `TurnIndex`: the call the engine would start next.
-
-    Critical first (when `bands` lists it first), then, band by band: skip a group that cools
-    down or has a full shared scope; in each other group, the first tenant in turn order with a
-    call that fits; the earliest turn among the groups wins, and starts its oldest call that
-    fits. Expired queue heads met on the way are collected in `late`.
-    """
-
-    def __init__(
+    def first_lifted(
         self,
-        config: Config,
-        index: TurnIndex,
-        queues: Mapping[Shape, Mapping[int, Waiter]],
-        cooldown_until: Mapping[str, float],
+        band: WorkClass,
+        group: Group,
         now: float,
-    ) -> None:
-        self._config = config
-        self._index = index
-        self._queues = queues
-        self._cooldown_until = cooldown_until
-        self._now = now
-        self.late: dict[int, Waiter] = {}
-        self.set_aside: SetAside = []
-
-    def next_start(self, bands: list[WorkClass], state: AdmissionState) -> Waiter | None:
-        """The next call to start given the counts in `state`, or None when none fits."""
-        load, room = Load(state), Room()
-        for band in bands:
-            best: tuple[int, str] | None = None
-            for group, shared in self._index.groups(band):
-                deferred, upstream, _ = group
-                if self._cooling(upstream) or not all(
-                    scope_has_room(self._config, s, band, deferred, load, room) for s in shared
-                ):
-                    continue
-                fitting = functools.partial(self._fits_in, band, group, load, room)
-                found = self._index.first_fitting(band, group, fitting, self.set_aside)
-                if found is not None and (best is None or found < best):
-                    best = found
-            if best is not None:
-                heads = [
-                    head
-                    for group, shape in self._index.shapes_of(band, best[1])
-                    if not self._cooling(group[1])
-                    and (head := self._fitting_head(shape, load, room)) is not None
-                ]
-                return min(heads, key=lambda head: head.seq)
+        live_head: Callable[[Shape], Waiter | None],
+        fits: Callable[[Waiter], bool],
+        set_aside: SetAside,
+    ) -> tuple[float, int] | None:
+        """(lift_at, seq) of the group's earliest-lifted live queue head that `fits`, if it was
+        lifted by `now`; heads that do not fit go to `set_aside`."""
+        members = self._bands.get(band, {}).get(group)
+        if members is None:
+            return None
+        heap = members.lifts
+        while heap and heap[0][0] <= now:
+            lift_at, seq, _, shape = heap[0]
+            head = live_head(shape) if shape in self._queues else None
+            if head is None or head.seq != seq:
+                heapq.heappop(heap)  # stale: that call left its queue, or expired
+                if head is not None:  # the queue's live head may have no entry yet
+                    heapq.heappush(heap, (head.lift_at, head.seq, next(self._ties), shape))
+                continue
+            if fits(head):
+                return lift_at, seq
+            set_aside.lifts.append((members, heapq.heappop(heap)))
         return None
 
-    def _fits_in(self, band: WorkClass, group: Group, load: Load, room: Room, tenant: str) -> bool:
-        return any(
-            self._fitting_head(shape, load, room) is not None
-            for shape in self._index.shapes_in(band, group, tenant)
-        )
-
-    def _fitting_head(self, shape: Shape, load: Load, room: Room) -> Waiter | None:
-        """The queue's oldest call still inside its deadline, if it fits."""
-        for waiter in self._queues[shape].values():
-            if waiter.deadline > self._now:
-                return waiter if fits(self._config, waiter, load, room) else None
-            self.late[waiter.seq] = waiter
-        return None
-
-    def _cooling(self, upstream: str) -> bool:
-        return self._cooldown_until.get(upstream, -math.inf) > self._now
+    @staticmethod
+    def restore(set_aside: SetAside) -> None:
+        """Put back the entries set aside during a dispatch (stale ones are dropped later)."""
+        for members, turn in set_aside.turns:
+            heapq.heappush(members.turns, turn)
+        for members, lift in set_aside.lifts:
+            heapq.heappush(members.lifts, lift)

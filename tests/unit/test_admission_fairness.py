@@ -361,3 +361,113 @@ def test_a_dispatch_refuses_the_expired_calls_it_meets() -> None:
     assert [(w.seq, r.reason) for w, r in result.expired] == [(1, "deadline")]
     assert [w.seq for w, _ in result.started] == [2]
     assert not any(True for _ in book.waiters())
+
+
+class Desk:
+    """A book with calls started and queued at chosen times (queued ones behind a full state)."""
+
+    def __init__(self, config: Config) -> None:
+        self.book = AdmissionBook(config)
+
+    def running(self, tenant: str, band: WorkClass, count: int = 1) -> None:
+        for _ in range(count):
+            request = AdmissionRequest(tenant, band, "mail")
+            scopes = decide_entry(self.book.config, AdmissionState(), request, NOW)
+            assert isinstance(scopes, Admit)
+            self.book.start(request, scopes.scopes, NOW)
+
+    def queue(
+        self,
+        tenant: str,
+        band: WorkClass,
+        *,
+        at: float = NOW,
+        deadline: float = NOW + 1000,
+        accepted_at: float | None = None,
+    ) -> int:
+        """Queue a call (deferred work accepted at `accepted_at`, if given); its number."""
+        request = AdmissionRequest(
+            tenant,
+            band,
+            "mail",
+            deadline=deadline,
+            deferred=accepted_at is not None,
+            waiting_since=accepted_at,
+        )
+        decision = decide_entry(self.book.config, busy(10**6), request, at)
+        assert isinstance(decision, Queue)
+        return self.book.enqueue(request, decision, at).seq
+
+    def dispatch(self, now: float = NOW) -> Any:
+        """The book's dispatch, checked against the engine over every queued call."""
+        expected = select_starts(self.book.config, self.book.state(), self.book.waiters(), now)
+        result = self.book.dispatch(now)
+        assert [w.seq for w, _ in result.started] == [w.seq for w in expected.starts]
+        return result
+
+    def starts(self, now: float = NOW) -> list[int]:
+        return [w.seq for w, _ in self.dispatch(now).started]
+
+
+def test_a_lifted_call_that_does_not_fit_does_not_lift_its_band() -> None:
+    """x's old bulk call waits on x's own limit; y's fresh bulk call and a's fresh background
+    call fit: shares decide (background), not x's age."""
+    desk = Desk(make_config(10, tenant=Limits(max_running=1), bulk_wait=20.0))
+    desk.running("x", "bulk")
+    desk.queue("x", "bulk", at=NOW - 15)  # lifted at NOW - 5, but x is at its limit
+    desk.queue("y", "bulk", at=NOW - 1)
+    background = desk.queue("a", "background", at=NOW - 1)
+    assert desk.starts()[0] == background
+
+
+def test_the_next_call_of_a_queue_keeps_its_age() -> None:
+    """b's two old bulk calls go before a's fresh background call (ageing), one per release:
+    the second is the queue's head only once the first has left."""
+    desk = Desk(make_config(1, bulk_wait=20.0))
+    first = desk.queue("b", "bulk", at=NOW - 15)
+    second = desk.queue("b", "bulk", at=NOW - 15)
+    fresh = desk.queue("a", "background", at=NOW - 1)
+    order = []
+    for _ in range(3):
+        started = desk.dispatch().started
+        order.append(started[0][0].seq)
+        desk.book.finish(started[0][1], NOW)
+    assert order == [first, second, fresh]
+
+
+def test_an_expired_head_does_not_hide_the_age_of_the_call_behind_it() -> None:
+    """b's first bulk call expired, its second is lifted: the second starts (ageing) ahead of
+    a's fresh background call, and the first is refused."""
+    desk = Desk(make_config(1, bulk_wait=20.0))
+    expired = desk.queue("b", "bulk", at=NOW - 15, deadline=NOW - 1)
+    lifted = desk.queue("b", "bulk", at=NOW - 15)
+    desk.queue("a", "background", at=NOW - 1)
+    result = desk.dispatch()
+    assert [w.seq for w, _ in result.started] == [lifted]
+    assert [w.seq for w, _ in result.expired] == [expired]
+
+
+def test_usage_is_the_best_placed_call_of_a_band() -> None:
+    """Bulk: p runs one call, q none; background: r runs six (tenants limited to 10). Bulk's
+    best-placed call (q's) is further below its share than background's, so bulk goes next
+    (p's call: p's turn comes first)."""
+    desk = Desk(make_config(100, tenant=Limits(max_running=10)))
+    desk.running("p", "bulk")
+    desk.running("r", "background", count=6)
+    p_call = desk.queue("p", "bulk")
+    desk.queue("q", "bulk")
+    desk.queue("r", "background")
+    assert desk.starts()[:1] == [p_call]
+
+
+def test_deferred_work_accepted_earlier_behind_a_younger_head_keeps_its_age() -> None:
+    """Deferred bulk work of b: the queue's head was accepted a second ago, the call behind it
+    fifteen seconds ago (lifted). Once the head is withdrawn, the old one goes before a's fresh
+    background call."""
+    desk = Desk(make_config(1, bulk_wait=20.0))
+    young = desk.queue("b", "bulk", accepted_at=NOW - 1)
+    old = desk.queue("b", "bulk", accepted_at=NOW - 15)
+    desk.queue("a", "background", at=NOW - 1)
+    waiter = next(w for w in desk.book.waiters() if w.seq == young)
+    assert desk.book.withdraw(waiter)
+    assert desk.starts() == [old]

@@ -374,24 +374,25 @@ def test_no_tenant_is_served_twice_while_another_of_its_band_waits(
             driver.tick(args[0])
 
 
+many_tenant_arrival = st.tuples(
+    st.just("arrive"),
+    st.sampled_from([f"t{i}" for i in range(12)]),
+    st.sampled_from(["background", "background", "bulk", "bulk", "critical"]),
+    st.sampled_from(UPSTREAMS),
+    st.sampled_from([None, "r1", "r2", "r3"]),
+    st.sampled_from([None, "browser"]),
+    st.floats(0.5, 100.0),
+)
 many_tenants = st.lists(
     st.one_of(
-        st.tuples(
-            st.just("arrive"),
-            st.sampled_from([f"t{i}" for i in range(12)]),
-            st.sampled_from(["background", "background", "background", "critical", "bulk"]),
-            st.sampled_from(UPSTREAMS),
-            st.sampled_from([None, "r1", "r2", "r3"]),
-            st.sampled_from([None, "browser"]),
-            st.floats(0.5, 100.0),
-        ),
+        *[many_tenant_arrival] * 4,  # arrivals dominate, so queues build up in several bands
         st.tuples(st.just("finish"), st.integers(0, 30)),
         st.tuples(st.just("finish"), st.integers(0, 30)),
         st.tuples(st.just("tick"), st.floats(0.01, 5.0)),
         st.tuples(st.just("cooldown"), st.sampled_from(UPSTREAMS), st.floats(0.1, 10.0)),
     ),
-    min_size=20,
-    max_size=120,
+    min_size=40,
+    max_size=150,
 )
 
 
@@ -404,11 +405,12 @@ def crowded_configs(draw: st.DrawFn) -> Config:
 
     critical_share = draw(st.sampled_from([0.0, 0.1, 0.3]))
     rest = (1.0 - critical_share) / 3
+    patience = st.sampled_from([4.0, 10.0, 60.0])  # short ones: calls age while others wait
     classes = {
-        "critical": ClassBand("critical", critical_share, 60.0),
+        "critical": ClassBand("critical", critical_share, draw(patience)),
         "interactive": ClassBand("interactive", rest, 0.0),
-        "background": ClassBand("background", rest, 60.0),
-        "bulk": ClassBand("bulk", rest, 120.0),
+        "background": ClassBand("background", draw(st.sampled_from([0.1, rest])), draw(patience)),
+        "bulk": ClassBand("bulk", rest, draw(patience)),
     }
     upstreams = {
         name: UpstreamSpec(name, "http", url="http://127.0.0.1:9", limits=small(None, 1, 2, 3))
@@ -419,7 +421,7 @@ def crowded_configs(draw: st.DrawFn) -> Config:
         classes=classes,  # type: ignore[arg-type]
         limits={
             "global": small(1, 2, 3, 5),
-            "tenant": small(None, None, 1, 2),
+            "tenant": small(None, 1, 2, 3),
             "run": small(None, None, 1),
         },
         cost_classes={"browser": small(None, 1, 2)},
