@@ -261,6 +261,18 @@ MUTANTS = (
         ),
         why="a cookie the upstream set for one caller is sent on every other caller's calls",
     ),
+    Mutant(
+        name="the turn index misses a served tenant's new turn",
+        path="policies/admission_book.py",
+        module="policies.admission_book",
+        edits=(("            self._index.new_turn(*key)\n", ""),),
+        tests=(
+            "tests/unit/test_admission_fairness.py::test_round_robin_between_tenants_inside_a_band",
+            "tests/unit/test_admission_properties.py::"
+            "test_the_book_starts_what_the_reference_engine_starts",
+        ),
+        why="a tenant served once is never served again while other tenants keep arriving",
+    ),
 )
 
 
