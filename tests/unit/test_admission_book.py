@@ -7,6 +7,7 @@ every queued call (`select_starts`); the property tests do the same on random wo
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -22,8 +23,9 @@ from policies.admission import (
 )
 from policies.admission_book import AdmissionBook, Dispatched, Running
 from policies.admission_fairness import select_starts
-from policies.model import Config, Limits, UpstreamSpec, WorkClass
+from policies.model import ClassBand, Config, Limits, UpstreamSpec, WorkClass
 from tests.unit.test_admission_fairness import NOW, make_config
+from tests.unit.test_admission_properties import Driver
 
 
 class Desk:
@@ -271,3 +273,63 @@ def test_deferred_work_accepted_earlier_behind_a_younger_head_keeps_its_age() ->
     waiter = next(w for w in desk.book.waiters() if w.seq == young)
     assert desk.book.withdraw(waiter)
     assert desk.starts() == [old]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_long_random_workload_dispatches_as_the_engine_does(seed: int) -> None:
+    """Thousands of steps (hypothesis's cases stay short): up to 200 tenants, live and deferred
+    work (accepted up to 50 s earlier), limited runs, cost classes, cooldowns; every dispatch is
+    compared with the engine's by the property driver."""
+    rng = random.Random(seed)
+
+    def limits(*counts: int | None) -> Limits:
+        return Limits(max_running=rng.choice(counts))
+
+    def patience() -> float:
+        return rng.choice([4.0, 10.0, 60.0])
+
+    rest = (1.0 - (critical := rng.choice([0.0, 0.1, 0.3]))) / 3
+    config = Config(
+        upstreams={
+            u: UpstreamSpec(u, "http", url="http://127.0.0.1:9", limits=limits(None, 1, 3, 8))
+            for u in ("u1", "u2", "u3")
+        },
+        classes={  # type: ignore[arg-type]
+            "critical": ClassBand("critical", critical, patience()),
+            "interactive": ClassBand("interactive", rest, rng.choice([0.0, 5.0])),
+            "background": ClassBand("background", rng.choice([0.1, rest]), patience()),
+            "bulk": ClassBand("bulk", rest, patience()),
+        },
+        limits={
+            "global": limits(2, 5, 16, 40),
+            "tenant": limits(None, 1, 2, 4),
+            "run": limits(None, 1, 2),
+        },
+        cost_classes={"browser": limits(None, 1, 3)},
+    )
+    driver = Driver(config)
+    tenants = [f"t{i}" for i in range(rng.choice([3, 30, 200]))]
+    bands: list[WorkClass] = ["background", "background", "bulk", "critical", "interactive"]
+    for _ in range(3000):
+        draw = rng.random()
+        if draw < 0.55:
+            deferred = rng.random() < 0.2
+            request = AdmissionRequest(
+                rng.choice(tenants),
+                rng.choice(bands),
+                rng.choice(["u1", "u2", "u3"]),
+                rng.choice([None, "r1", f"r{rng.randrange(100)}"]),
+                rng.choice([None, "browser"]),
+                deadline=driver.now + rng.uniform(0.5, 100.0),
+                deferred=deferred,
+                waiting_since=driver.now - rng.uniform(0.0, 50.0) if deferred else None,
+            )
+            driver.arrive(request)
+        elif draw < 0.9:
+            driver.finish(rng.randrange(100))
+        elif draw < 0.98:
+            driver.tick(rng.uniform(0.01, 3.0))
+        else:
+            driver.cooldown(rng.choice(["u1", "u2", "u3"]), rng.uniform(0.1, 5.0))
+    while driver.running:
+        driver.finish(0)
