@@ -186,6 +186,7 @@ class AdmissionBook:
             _bump(self._running_class, (scope.name, band), -1)
             if sample:
                 self._sample(scope.name, duration)
+        self._index.unpark(running.request.tenant)  # its own scope has room again
 
     def _sample(self, scope: str, duration: float) -> None:
         previous = self._service.pop(scope, None)  # re-inserted last: most recently updated

@@ -11,9 +11,12 @@ head, without looking at every head:
   failing that the band furthest below its share: per group, the shared scopes give a floor no
   call of the group can go under, and the scan of its calls stops as soon as one reaches it.
 
-A group whose shared scopes are full is skipped whole, so a release costs O(groups) plus the
-tenants that do not fit, rather than O(tenants waiting). Expired queue heads met on the way are
-collected in `late` for the book to refuse.
+A group whose shared scopes are full is skipped whole, and a tenant whose own scope is full is
+parked in the index until one of its calls ends, so a release costs O(groups) plus the few
+tenants that do not fit for another reason (a limited run), rather than O(tenants waiting). One
+step still reads a group's tenants until one reaches the group's floor: the shares between two
+bands or more, which tenants at their own limit can make long. Expired queue heads met on the
+way are collected in `late` for the book to refuse.
 """
 
 from __future__ import annotations
@@ -77,7 +80,8 @@ class TurnSearch:
         best: tuple[int, str] | None = None
         for group, _shared in self._open_groups(band, load, room):
             fitting = functools.partial(self._fits_in, band, group, load, room)
-            found = self._index.first_in_turn(band, group, fitting, self.set_aside)
+            full = functools.partial(self._tenant_full, band, group[0], load, room)
+            found = self._index.first_in_turn(band, group, fitting, full, self.set_aside)
             if found is not None and (best is None or found < best):
                 best = found
         if best is None:
@@ -101,6 +105,17 @@ class TurnSearch:
             and all(scope_has_room(self._config, s, band, group[0], load, room) for s in shared)
         ]
 
+    def _tenant_full(
+        self, band: WorkClass, deferred: bool, load: Load, room: Room, tenant: str
+    ) -> bool:
+        """Whether the tenant's own scope has no room for one more call of `band` (it gets room
+        again only when one of the tenant's calls ends)."""
+        limits = self._config.scope_limits("tenant")
+        if limits.max_running is None:
+            return False
+        scope = Scope(f"tenant:{tenant}", limits)  # as `scopes_for` names it
+        return not scope_has_room(self._config, scope, band, deferred, load, room)
+
     def _fits_in(self, band: WorkClass, group: Group, load: Load, room: Room, tenant: str) -> bool:
         return any(
             self._fitting(shape, load, room) is not None
@@ -121,6 +136,7 @@ class TurnSearch:
                     self._now,
                     self._live,
                     functools.partial(fits, self._config, load=load, room=room),
+                    functools.partial(self._tenant_full, band, group[0], load, room),
                     self.set_aside,
                 )
                 if found is not None and (lifted is None or found < lifted[:2]):

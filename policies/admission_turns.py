@@ -10,7 +10,9 @@ Per (band, group) the index keeps its tenants with their queues and two heaps: (
 for round-robin, and (lift time, arrival) of each queue's oldest call for ageing. An entry is
 current while it still says the truth (the tenant is in the group with that turn; the call is
 its queue's oldest live one); others are dropped when they reach the top, and a heap is rebuilt
-when stale entries outnumber current ones. `policies.admission_search` reads it.
+when stale entries outnumber current ones. The entries of a tenant whose own scope is full are
+parked until one of its calls ends (`unpark`, from `AdmissionBook.finish`): nothing else gives
+it room. `policies.admission_search` reads it.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ class TurnIndex:
         self._queues = queues
         self._bands: dict[WorkClass, dict[Group, _Members]] = {}
         self._ties = itertools.count()
+        # Entries of tenants whose own scope was full, until one of their calls ends.
+        self._parked: dict[str, SetAside] = {}
 
     def bands(self) -> list[WorkClass]:
         """Bands with waiting queues."""
@@ -168,10 +172,17 @@ class TurnIndex:
                 yield group, shape
 
     def first_in_turn(
-        self, band: WorkClass, group: Group, fits: Callable[[str], bool], set_aside: SetAside
+        self,
+        band: WorkClass,
+        group: Group,
+        fits: Callable[[str], bool],
+        full: Callable[[str], bool],
+        set_aside: SetAside,
     ) -> tuple[int, str] | None:
-        """The (turn, tenant) of the group whose turn comes first among those that `fits`;
-        tenants that do not fit go to `set_aside`."""
+        """The (turn, tenant) of the group whose turn comes first among those that `fits`.
+
+        A tenant whose own scope is `full` is parked until one of its calls ends (`unpark`):
+        only that gives it room again. Other tenants that do not fit go to `set_aside`."""
         members = self._bands.get(band, {}).get(group)
         if members is None:
             return None
@@ -180,10 +191,13 @@ class TurnIndex:
             turn, tenant = heap[0]
             if tenant not in members.tenants or self._turns.get((band, tenant)) != turn:
                 heapq.heappop(heap)  # stale: the tenant left the group or was served since
-                continue
-            if fits(tenant):
+            elif full(tenant):
+                parked = self._parked.setdefault(tenant, SetAside())
+                parked.turns.append((members, heapq.heappop(heap)))
+            elif fits(tenant):
                 return turn, tenant
-            set_aside.turns.append((members, heapq.heappop(heap)))
+            else:
+                set_aside.turns.append((members, heapq.heappop(heap)))
         return None
 
     def first_lifted(
@@ -193,10 +207,12 @@ class TurnIndex:
         now: float,
         live_head: Callable[[Shape], Waiter | None],
         fits: Callable[[Waiter], bool],
+        full: Callable[[str], bool],
         set_aside: SetAside,
     ) -> tuple[float, int] | None:
         """(lift_at, seq) of the group's earliest-lifted live queue head that `fits`, if it was
-        lifted by `now`; heads that do not fit go to `set_aside`."""
+        lifted by `now`; heads whose tenant's scope is `full` are parked, other heads that do
+        not fit go to `set_aside`."""
         members = self._bands.get(band, {}).get(group)
         if members is None:
             return None
@@ -209,10 +225,20 @@ class TurnIndex:
                 if head is not None:  # the queue's live head may have no entry yet
                     heapq.heappush(heap, (head.lift_at, head.seq, next(self._ties), shape))
                 continue
-            if fits(head):
+            if full(head.request.tenant):
+                parked = self._parked.setdefault(head.request.tenant, SetAside())
+                parked.lifts.append((members, heapq.heappop(heap)))
+            elif fits(head):
                 return lift_at, seq
-            set_aside.lifts.append((members, heapq.heappop(heap)))
+            else:
+                set_aside.lifts.append((members, heapq.heappop(heap)))
         return None
+
+    def unpark(self, tenant: str) -> None:
+        """One of the tenant's calls ended: its parked entries are looked at again."""
+        parked = self._parked.pop(tenant, None)
+        if parked is not None:
+            self.restore(parked)
 
     @staticmethod
     def restore(set_aside: SetAside) -> None:

@@ -162,6 +162,24 @@ def test_a_release_with_two_bands_of_thousands_of_tenants_judges_a_few_calls(
         running.append(started[0][1])
 
 
+def test_a_release_with_thousands_of_tenants_at_their_own_limit_judges_a_few_calls(
+    judged: list[int],
+) -> None:
+    """2,000 tenants each run their one allowed call and wait with another (no global limit):
+    when one tenant's call ends, its next call starts after a handful of judgements; the
+    others, ahead of it in turn order, are not judged again until one of their calls ends."""
+    desk = Desk(make_config(10**6, tenant=Limits(max_running=1)))
+    running = [run for i in range(2000) for run in desk.running(f"t{i}", "background")]
+    queued = [desk.queue(f"t{i}") for i in range(2000)]
+    assert desk.book.dispatch(NOW).started == []  # each tenant is at its own limit
+    for k in (1500, 7, 1999):
+        judged[0] = 0
+        desk.book.finish(running[k], NOW)
+        started = desk.book.dispatch(NOW).started
+        assert [w.seq for w, _ in started] == [queued[k]]
+        assert judged[0] <= 20, judged[0]
+
+
 def test_runs_of_two_tenants_still_alternate() -> None:
     """Distinct runs share a queue only within one tenant: tenants still take turns."""
     desk = Desk(make_config(1))
