@@ -12,11 +12,10 @@ head, without looking at every head:
   call of the group can go under, and the scan of its calls stops as soon as one reaches it.
 
 A group whose shared scopes are full is skipped whole, and a tenant whose own scope is full is
-parked in the index until one of its calls ends, so a release costs O(groups) plus the few
-tenants that do not fit for another reason (a limited run), rather than O(tenants waiting). One
-step still reads a group's tenants until one reaches the group's floor: the shares between two
-bands or more, which tenants at their own limit can make long. Expired queue heads met on the
-way are collected in `late` for the book to refuse.
+parked in the index until one of its calls ends (the shares step does not read it either), so
+a release costs O(groups) plus the few tenants that do not fit for another reason (a limited
+run), rather than O(tenants waiting). Expired queue heads met on the way are collected in `late`
+for the book to refuse.
 """
 
 from __future__ import annotations
@@ -151,7 +150,8 @@ class TurnSearch:
 
         No call of a group can be better placed than its floor: its shared scopes as they are,
         its tenant's scope as if the band ran nothing there. A group is read only while it could
-        beat the best so far, and only until one of its calls reaches its floor."""
+        beat the best so far, and only until one of its calls reaches its floor; parked tenants
+        (at their own limit) are not read."""
         weight = share_weight(self._config, band)
         if weight <= 0:
             return math.inf

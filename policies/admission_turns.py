@@ -45,12 +45,13 @@ class _Members:
     """One (band, group): its tenants with their queues, the shared scopes, and two heaps: the
     tenants by turn, and the queue heads by lift time (ageing)."""
 
-    __slots__ = ("band", "lifts", "queues", "shared", "tenants", "turns")
+    __slots__ = ("active", "band", "lifts", "queues", "shared", "tenants", "turns")
 
     def __init__(self, band: WorkClass, shared: tuple[Scope, ...]) -> None:
         self.band = band
         self.shared = shared
         self.tenants: dict[str, dict[Shape, None]] = {}
+        self.active: dict[str, dict[Shape, None]] = {}  # the tenants not parked
         self.queues = 0
         self.turns: list[tuple[int, str]] = []
         self.lifts: list[_Lift] = []
@@ -59,10 +60,12 @@ class _Members:
 @dataclass(slots=True)
 class SetAside:
     """Heap entries taken off during one dispatch because their call did not fit (nothing
-    started in the same dispatch can make it fit: starts only add load); put back at its end."""
+    started in the same dispatch can make it fit: starts only add load); put back at its end.
+    A tenant's parked entries are kept the same way, with the groups it is inactive in."""
 
     turns: list[tuple[_Members, tuple[int, str]]] = field(default_factory=list)
     lifts: list[tuple[_Members, _Lift]] = field(default_factory=list)
+    resting: list[_Members] = field(default_factory=list)
 
 
 class TurnIndex:
@@ -100,7 +103,7 @@ class TurnIndex:
         members.queues += 1
         shapes = members.tenants.get(tenant)
         if shapes is None:
-            members.tenants[tenant] = {shape: None}
+            members.tenants[tenant] = members.active[tenant] = {shape: None}
             self._push_turn(members, tenant)
         else:
             shapes[shape] = None
@@ -117,6 +120,7 @@ class TurnIndex:
         del shapes[shape]
         if not shapes:
             del members.tenants[tenant]
+            members.active.pop(tenant, None)
             if not members.tenants:
                 del groups[group]
                 if not groups:
@@ -155,10 +159,10 @@ class TurnIndex:
         return [(group, m.shared) for group, m in self._bands.get(band, {}).items()]
 
     def tenants_in(self, band: WorkClass, group: Group) -> Iterator[tuple[str, Iterable[Shape]]]:
-        """The tenants of one group with their queues, in no particular order (a live view:
-        the index must not change while it is read)."""
+        """The group's tenants that are not parked, with their queues, in no particular order
+        (a live view: the index must not change while it is read)."""
         members = self._bands.get(band, {}).get(group)
-        return iter(members.tenants.items()) if members is not None else iter(())
+        return iter(members.active.items()) if members is not None else iter(())
 
     def shapes_in(self, band: WorkClass, group: Group, tenant: str) -> list[Shape]:
         """The queues of `tenant` in one group of `band`."""
@@ -192,8 +196,7 @@ class TurnIndex:
             if tenant not in members.tenants or self._turns.get((band, tenant)) != turn:
                 heapq.heappop(heap)  # stale: the tenant left the group or was served since
             elif full(tenant):
-                parked = self._parked.setdefault(tenant, SetAside())
-                parked.turns.append((members, heapq.heappop(heap)))
+                self._park(members, tenant).turns.append((members, heapq.heappop(heap)))
             elif fits(tenant):
                 return turn, tenant
             else:
@@ -226,7 +229,7 @@ class TurnIndex:
                     heapq.heappush(heap, (head.lift_at, head.seq, next(self._ties), shape))
                 continue
             if full(head.request.tenant):
-                parked = self._parked.setdefault(head.request.tenant, SetAside())
+                parked = self._park(members, head.request.tenant)
                 parked.lifts.append((members, heapq.heappop(heap)))
             elif fits(head):
                 return lift_at, seq
@@ -234,11 +237,24 @@ class TurnIndex:
                 set_aside.lifts.append((members, heapq.heappop(heap)))
         return None
 
+    def _park(self, members: _Members, tenant: str) -> SetAside:
+        """The tenant's own scope is full: it leaves the group's active tenants until `unpark`;
+        its heap entries are parked by the caller in what this returns."""
+        parked = self._parked.setdefault(tenant, SetAside())
+        if members.active.pop(tenant, None) is not None:
+            parked.resting.append(members)
+        return parked
+
     def unpark(self, tenant: str) -> None:
         """One of the tenant's calls ended: its parked entries are looked at again."""
         parked = self._parked.pop(tenant, None)
-        if parked is not None:
-            self.restore(parked)
+        if parked is None:
+            return
+        self.restore(parked)
+        for members in parked.resting:
+            shapes = members.tenants.get(tenant)
+            if shapes is not None:
+                members.active[tenant] = shapes
 
     @staticmethod
     def restore(set_aside: SetAside) -> None:

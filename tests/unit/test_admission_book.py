@@ -180,6 +180,25 @@ def test_a_release_with_thousands_of_tenants_at_their_own_limit_judges_a_few_cal
         assert judged[0] <= 20, judged[0]
 
 
+def test_two_bands_of_thousands_of_tenants_at_their_own_limit_judge_a_few_calls(
+    judged: list[int],
+) -> None:
+    """The same in two bands (one waiting call in sixteen is bulk): when a background tenant's
+    call and a bulk tenant's call end together, choosing between the bands reads neither band's
+    tenants at their limit again."""
+    desk = Desk(make_config(10**6, tenant=Limits(max_running=1)))
+    running = [run for i in range(2000) for run in desk.running(f"t{i}", "background")]
+    queued = [desk.queue(f"t{i}", "bulk" if i % 16 == 0 else "background") for i in range(2000)]
+    assert desk.book.dispatch(NOW).started == []
+    for background, bulk in ((1501, 1504), (7, 32), (1999, 0)):
+        judged[0] = 0
+        desk.book.finish(running[background], NOW)
+        desk.book.finish(running[bulk], NOW)
+        started = desk.book.dispatch(NOW).started
+        assert sorted(w.seq for w, _ in started) == sorted([queued[background], queued[bulk]])
+        assert judged[0] <= 40, judged[0]
+
+
 def test_runs_of_two_tenants_still_alternate() -> None:
     """Distinct runs share a queue only within one tenant: tenants still take turns."""
     desk = Desk(make_config(1))
