@@ -59,6 +59,7 @@ __all__ = [
     "live_reserve",
     "patience_s",
     "scopes_for",
+    "tenant_scope",
 ]
 
 RefusalReason = Literal[
@@ -213,12 +214,14 @@ def band_of(config: Config, work_class: WorkClass) -> ClassBand:
     return config.classes.get(work_class) or DEFAULT_BANDS[work_class]
 
 
+def tenant_scope(config: Config, tenant: str) -> Scope:
+    """The tenant's own scope, as every call of the tenant touches it."""
+    return Scope(f"tenant:{tenant}", config.scope_limits("tenant"))
+
+
 def scopes_for(config: Config, request: AdmissionRequest) -> tuple[Scope, ...]:
     """Every scope a call touches, broadest first."""
-    scopes = [
-        Scope("global", config.scope_limits("global")),
-        Scope(f"tenant:{request.tenant}", config.scope_limits("tenant")),
-    ]
+    scopes = [Scope("global", config.scope_limits("global")), tenant_scope(config, request.tenant)]
     if request.run_id is not None:
         scopes.append(Scope(f"run:{request.run_id}", config.scope_limits("run")))
     spec = config.upstreams.get(request.upstream)

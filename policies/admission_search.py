@@ -24,7 +24,7 @@ import functools
 import math
 from collections.abc import Mapping
 
-from policies.admission import AdmissionState, Load, Scope, Waiter
+from policies.admission import AdmissionState, Load, Scope, Waiter, tenant_scope
 from policies.admission_fairness import (
     Room,
     Shape,
@@ -109,10 +109,7 @@ class TurnSearch:
     ) -> bool:
         """Whether the tenant's own scope has no room for one more call of `band` (it gets room
         again only when one of the tenant's calls ends)."""
-        limits = self._config.scope_limits("tenant")
-        if limits.max_running is None:
-            return False
-        scope = Scope(f"tenant:{tenant}", limits)  # as `scopes_for` names it
+        scope = tenant_scope(self._config, tenant)
         return not scope_has_room(self._config, scope, band, deferred, load, room)
 
     def _fits_in(self, band: WorkClass, group: Group, load: Load, room: Room, tenant: str) -> bool:
@@ -155,8 +152,8 @@ class TurnSearch:
         weight = share_weight(self._config, band)
         if weight <= 0:
             return math.inf
-        tenant_limit = self._config.scope_limits("tenant").max_running
-        own_floor = 1 / (weight * tenant_limit) if tenant_limit else 0.0
+        idle_tenant = tenant_scope(self._config, "")  # every tenant's limits, nothing running
+        own_floor = usage_of((idle_tenant,), band, Load(AdmissionState()), weight)
         best = math.inf
         for group, shared in self._open_groups(band, load, room):
             floor = max(usage_of(shared, band, load, weight), own_floor)
