@@ -19,10 +19,12 @@ those that fit every scope they touch, until none fits:
 Calls of the same *shape* (see `shape_of`) are interchangeable for every rule above except
 arrival order, so the engine works on queues of one shape each, looking only at their heads:
 a dispatch costs O(shapes × scopes) per start, not O(waiting calls), and the number of shapes
-follows the tenants and limited scopes waiting, not the agent runs. While at most one band
-besides critical waits, `AdmissionBook.dispatch` reaches the same choice through its turn index
-(`policies.admission_turns`) without looking at every tenant's queue. Calls to an upstream in
+follows the tenants and limited scopes waiting, not the agent runs. Calls to an upstream in
 cooldown are not started; a head whose wait has run out is refused (`deadline`) on the way.
+
+This engine is the rules' reference: `AdmissionBook.dispatch` reaches the same choice through
+its turn index (`policies.admission_search`) without reading every tenant's queue, and the
+tests compare every dispatch of the book with `select_starts`.
 """
 
 from __future__ import annotations

@@ -67,11 +67,10 @@ class cancelled_when:  # lower case: used like a function, `with cancelled_when(
     it runs once per proxied call.
     """
 
-    __slots__ = ("_event", "_release", "_trip")
+    __slots__ = ("_event", "_release")
 
     def __init__(self, event: asyncio.Event | None) -> None:
         self._event = event
-        self._trip: Trip | None = None
         self._release: Callable[[], object] | None = None
 
     def __enter__(self) -> Trip | None:
@@ -80,7 +79,7 @@ class cancelled_when:  # lower case: used like a function, `with cancelled_when(
             return None
         task = asyncio.current_task()
         assert task is not None
-        trip = self._trip = Trip(task)
+        trip = Trip(task)
         if event.is_set():
             trip.fire()
         elif isinstance(event, ClientGone):
