@@ -21,6 +21,7 @@ call whatever the number in flight.
 
 from __future__ import annotations
 
+import functools
 import time
 
 from bench.common import Table
@@ -49,57 +50,52 @@ def _request(population: str, number: int) -> AdmissionRequest:
     return AdmissionRequest(f"t{number}", band, "up", run_id=f"r{number}", deadline=1e12)
 
 
+def _start(book: AdmissionBook, request: AdmissionRequest) -> Running:
+    """Start `request` as if nothing else ran."""
+    admitted = decide_entry(book.config, AdmissionState(), request, _NOW)
+    assert isinstance(admitted, Admit)
+    return book.start(request, admitted.scopes, _NOW)
+
+
+def _queue(book: AdmissionBook, request: AdmissionRequest, full: AdmissionState) -> None:
+    """Queue `request` as `full` (a state where it cannot start) makes it wait."""
+    decision = decide_entry(book.config, full, request, _NOW)
+    assert isinstance(decision, Queue)
+    book.enqueue(request, decision, _NOW)
+
+
 def _per_release_us(population: str, waiting: int, releases: int) -> float:
-    config = _config()
-    book = AdmissionBook(config)
+    book = AdmissionBook(_config())
     full = AdmissionState(running={"global": 10**9})
-    running: list[Running] = []
-    for number in range(_RUNNING):
-        request = _request(population, -1 - number)
-        admitted = decide_entry(config, AdmissionState(), request, _NOW)
-        assert isinstance(admitted, Admit)
-        running.append(book.start(request, admitted.scopes, _NOW))
+    running = [_start(book, _request(population, -1 - number)) for number in range(_RUNNING)]
     numbers = iter(range(10**9))
-
-    def enqueue() -> None:
-        request = _request(population, next(numbers))
-        decision = decide_entry(config, full, request, _NOW)
-        assert isinstance(decision, Queue)
-        book.enqueue(request, decision, _NOW)
-
     for _ in range(waiting):
-        enqueue()
+        _queue(book, _request(population, next(numbers)), full)
     started_at = time.process_time()
     for _ in range(releases):
         book.finish(running.pop(0), _NOW)
         running += [started for _, started in book.dispatch(_NOW).started]
-        enqueue()
+        _queue(book, _request(population, next(numbers)), full)
     return (time.process_time() - started_at) / releases * 1e6
 
 
 def _own_limit_release_us(waiting: int, releases: int) -> float:
     """Every waiting tenant runs its one allowed call (no global limit); each step ends one
     tenant's call, dispatches (that tenant's next call starts) and queues another for it."""
-    config = Config(
-        upstreams={"up": UpstreamSpec("up", "mcp_http", url="http://127.0.0.1:9")},
-        limits={"tenant": Limits(max_running=1)},
+    book = AdmissionBook(
+        Config(
+            upstreams={"up": UpstreamSpec("up", "mcp_http", url="http://127.0.0.1:9")},
+            limits={"tenant": Limits(max_running=1)},
+        )
     )
-    book = AdmissionBook(config)
     full = AdmissionState(running={f"tenant:t{n}": 10**9 for n in range(waiting)})
-    running: list[Running] = []
 
-    def enqueue(number: int) -> None:
-        request = AdmissionRequest(f"t{number}", "background", "up", deadline=1e12)
-        decision = decide_entry(config, full, request, _NOW)
-        assert isinstance(decision, Queue)
-        book.enqueue(request, decision, _NOW)
+    def request(number: int) -> AdmissionRequest:
+        return AdmissionRequest(f"t{number}", "background", "up", deadline=1e12)
 
+    running = [_start(book, request(number)) for number in range(waiting)]
     for number in range(waiting):
-        request = AdmissionRequest(f"t{number}", "background", "up", deadline=1e12)
-        admitted = decide_entry(config, AdmissionState(), request, _NOW)
-        assert isinstance(admitted, Admit)
-        running.append(book.start(request, admitted.scopes, _NOW))
-        enqueue(number)
+        _queue(book, request(number), full)
     book.dispatch(_NOW)  # nobody fits: every tenant is at its own limit
     started_at = time.process_time()
     for step in range(releases):
@@ -107,7 +103,7 @@ def _own_limit_release_us(waiting: int, releases: int) -> float:
         book.finish(running[number], _NOW)
         (started,) = book.dispatch(_NOW).started
         running[number] = started[1]
-        enqueue(number)
+        _queue(book, request(number), full)
     return (time.process_time() - started_at) / releases * 1e6
 
 
@@ -124,13 +120,12 @@ def run(quick: bool = False) -> list[Table]:
         base = 0.0
         for waiting in _WAITING:
             releases = max(min(2000, budget // waiting), 20)
-            measure = _own_limit_release_us if population == "own limit" else None
-            cost = min(
-                measure(waiting, releases)
-                if measure
-                else _per_release_us(population, waiting, releases)
-                for _ in range(3)
+            measure = (
+                _own_limit_release_us
+                if population == "own limit"
+                else functools.partial(_per_release_us, population)
             )
+            cost = min(measure(waiting, releases) for _ in range(3))
             base = base or cost
             rows.append([label, str(waiting), f"{cost:.1f}", f"{cost / base:.2f}×"])
     note = (
