@@ -16,7 +16,6 @@ import json
 import time
 from typing import Any
 
-import aiohttp
 import tenacity
 from opentelemetry.trace import SpanKind
 
@@ -27,7 +26,7 @@ from proxy.http.context import HttpCall
 from proxy.http.downstream import sse_error_event
 from proxy.http.headers import request_headers, response_headers
 from proxy.http.outcomes import KeptBody
-from proxy.http.upstream import HTTP_SESSIONS, Opened, is_sse, open_upstream, read_chunk
+from proxy.http.upstream import HTTP_POOLS, Opened, is_sse, open_upstream, read_chunk
 from proxy.http.usage import StreamUsage, usage_from_json
 from proxy.runtime.retries import run_attempts
 from proxy.runtime.scheduler import AdmissionRefused, Slot
@@ -141,9 +140,6 @@ async def _attempt(call: HttpCall) -> Opened:
     if remaining <= 0:
         raise UpstreamNotReached("the call's deadline passed before the attempt")
     attempt_s = min(call.policy.timeout_s or call.app[CONFIG].defaults.timeout_s, remaining)
-    timeout = aiohttp.ClientTimeout(
-        total=None, sock_connect=min(attempt_s, _MAX_CONNECT_S), sock_read=attempt_s
-    )
     attributes = (
         {
             "interlock.attempt": call.attempts,
@@ -166,10 +162,15 @@ async def _attempt(call: HttpCall) -> Opened:
             drop_credentials=bool(call.app[CONFIG].tenant_api_keys),
         )
         tracing.inject_headers(headers)
-        session = call.app[HTTP_SESSIONS][call.upstream.name]
         try:
             response = await open_upstream(
-                session, call.request.method, call.target, headers, call.body, timeout
+                call.app[HTTP_POOLS][call.upstream.name],
+                call.request.method,
+                call.target,
+                headers,
+                call.body,
+                connect_s=min(attempt_s, _MAX_CONNECT_S),
+                read_s=attempt_s,
             )
         except UpstreamError as exc:
             span.set_attribute("error.type", type(exc).__name__)
@@ -224,7 +225,7 @@ async def relay(call: HttpCall, opened: Opened, *, keep: KeptBody | None = None)
         if usage_body and size <= _USAGE_BODY_CAP:
             parts.append(chunk)
             size += len(chunk)
-        last = response.content.at_eof()  # then the end marker goes out with this chunk
+        last = response.at_eof()  # then the end marker goes out with this chunk
         if client_here:
             try:
                 await (call.downstream.end(chunk) if last else call.downstream.write(chunk))

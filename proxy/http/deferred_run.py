@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import time
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 from opentelemetry.trace import SpanKind
@@ -29,9 +28,10 @@ from proxy.errors import UpstreamError, UpstreamNotReached, UpstreamPressure
 from proxy.http.headers import request_headers
 from proxy.http.outcomes import KeptBody, not_processed, outcome_of
 from proxy.http.paths import UnsafePath, upstream_target
-from proxy.http.upstream import HTTP_SESSIONS, open_upstream, read_chunk
+from proxy.http.upstream import HTTP_POOLS, open_upstream, read_chunk
 from proxy.runtime.deferred import DEFERRED
 from proxy.runtime.deferred_job import DeferredJob
+from proxy.runtime.http1 import Response
 from proxy.runtime.upstream_pressure import start_cooldown
 from proxy.state import CONFIG, SCHEDULER
 from proxy.telemetry import metrics, tracing
@@ -84,9 +84,6 @@ class HttpRunner:
         )
         body = base64.b64decode(env["body"])
         attempt_s = policy.timeout_s or spec.timeout_s or config.defaults.timeout_s
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=min(attempt_s, _MAX_CONNECT_S), sock_read=attempt_s
-        )
         attributes = {
             tracing.Attr.HTTP_METHOD: env["method"],
             tracing.Attr.SERVER_ADDRESS: target.url.host,
@@ -98,10 +95,15 @@ class HttpRunner:
             "interlock.upstream.attempt", attributes=attributes, kind=SpanKind.CLIENT
         ) as span:
             tracing.inject_headers(headers)
-            session = self._app[HTTP_SESSIONS][spec.name]
             try:
                 response = await open_upstream(
-                    session, env["method"], target.url, headers, body or None, timeout
+                    self._app[HTTP_POOLS][spec.name],
+                    env["method"],
+                    target.url,
+                    headers,
+                    body or None,
+                    connect_s=min(attempt_s, _MAX_CONNECT_S),
+                    read_s=attempt_s,
                 )
             except UpstreamPressure as exc:
                 span.set_attribute(tracing.Attr.HTTP_STATUS, exc.status)
@@ -122,9 +124,7 @@ class HttpRunner:
         metrics.first_byte(spec.name, time.monotonic() - started)
         await self._answered(job, response, side_effect=side_effect)
 
-    async def _answered(
-        self, job: DeferredJob, response: aiohttp.ClientResponse, *, side_effect: bool
-    ) -> None:
+    async def _answered(self, job: DeferredJob, response: Response, *, side_effect: bool) -> None:
         spec = job.spec
         status = response.status
         cap = self._app[CONFIG].deferred.max_result_bytes

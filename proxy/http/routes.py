@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from policies import answers
 from policies.answers import CODE_INVALID_REQUEST, CODE_PARSE_ERROR, Answer
@@ -28,8 +29,9 @@ from policies.token_budget import TokenBudget
 from proxy.http.downstream import Downstream
 from proxy.http.paths import UnsafePath, split_route, upstream_target
 from proxy.http.pipeline import TOKEN_BUDGET, HttpCall, run_http_call
-from proxy.http.upstream import HTTP_SESSIONS
+from proxy.http.upstream import HTTP_POOLS
 from proxy.json_codec import loads
+from proxy.runtime.http1 import Pool
 from proxy.state import CONFIG, RUNTIME
 from proxy.telemetry import tracing
 
@@ -55,26 +57,17 @@ def setup_http(app: web.Application) -> None:
     app[_CLASSIFIED] = classify
     app.router.add_route("*", "/http/{upstream}", handle_http)
     app.router.add_route("*", "/http/{upstream}/{path:.*}", handle_http)
-    app.cleanup_ctx.append(_upstream_sessions)
+    app.cleanup_ctx.append(_upstream_pools)
 
 
-async def _upstream_sessions(app: web.Application) -> AsyncIterator[None]:
-    sessions: dict[str, aiohttp.ClientSession] = {}
+async def _upstream_pools(app: web.Application) -> AsyncIterator[None]:
+    pools: dict[str, Pool] = {}
     for name, spec in app[CONFIG].upstreams.items():
-        if spec.kind != "http":
-            continue
-        connector = aiohttp.TCPConnector(limit=spec.max_connections)
-        sessions[name] = aiohttp.ClientSession(
-            connector=connector,
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            trust_env=False,
-            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
-            timeout=aiohttp.ClientTimeout(total=None),
-        )
-    app[HTTP_SESSIONS] = sessions
+        if spec.kind == "http" and spec.url is not None:  # validation gives every http one a url
+            pools[name] = Pool(URL(spec.url), limit=spec.max_connections)
+    app[HTTP_POOLS] = pools
     yield
-    await asyncio.gather(*(session.close() for session in sessions.values()))
+    await asyncio.gather(*(pool.close() for pool in pools.values()))
 
 
 def _bad(reason: str, message: str, status: int = 400, code: int = CODE_INVALID_REQUEST) -> Answer:
