@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from multidict import CIMultiDict
+
 __all__ = [
     "UpstreamAnswerTooLarge",
     "UpstreamError",
@@ -45,7 +47,7 @@ class UpstreamPressure(UpstreamError):
     def __init__(self, status: int, headers: Mapping[str, str], body: bytes = b"") -> None:
         super().__init__(f"upstream answered HTTP {status}")
         self.status = status
-        self.headers = dict(headers)
+        self.headers: CIMultiDict[str] = CIMultiDict(headers)  # any spelling finds it
         self.body = body
 
 
@@ -55,7 +57,7 @@ class UpstreamRefused(UpstreamError):
     def __init__(self, status: int, headers: Mapping[str, str], body: bytes = b"") -> None:
         super().__init__(f"upstream answered HTTP {status}")
         self.status = status
-        self.headers = dict(headers)
+        self.headers: CIMultiDict[str] = CIMultiDict(headers)  # any spelling finds it
         self.body = body
 
 

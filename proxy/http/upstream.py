@@ -74,7 +74,7 @@ async def open_upstream(
             content = b""
         finally:
             response.release()
-        raise UpstreamPressure(response.status, dict(response.headers), content)
+        raise UpstreamPressure(response.status, response.headers, content)
     return response
 
 

@@ -22,8 +22,9 @@ from proxy.errors import (
     UpstreamRefused,
     UpstreamTimeout,
 )
+from proxy.mcp.upstreams.http_pool import HttpUpstreams
 from proxy.mcp.upstreams.stdio import StdioProcess
-from proxy.mcp.upstreams.streamable_http import HttpUpstreams, exchange_http
+from proxy.mcp.upstreams.streamable_http import exchange_http
 from proxy.mcp.wire.jsonrpc import dumps
 from proxy.mcp.wire.sse import SseParser
 from tests.integration import mcp_proxy_harness
@@ -97,7 +98,7 @@ async def _exchange(
     headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     return await exchange_http(
-        pool.session(spec),
+        pool.pool(spec),
         spec,
         request_id=message["id"],
         body=dumps(message),

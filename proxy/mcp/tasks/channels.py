@@ -17,23 +17,24 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
-
 from policies.model import UpstreamSpec
-from proxy.errors import UpstreamNotReached
+from proxy.errors import UpstreamError, UpstreamNotReached
 from proxy.mcp.catalog import ParamHeaders
 from proxy.mcp.transport.sessions import McpTransport
 from proxy.mcp.upstreams.channels import HttpChannel, StdioChannel, UpstreamChannel
+from proxy.mcp.upstreams.http_pool import send
 from proxy.mcp.upstreams.stdio import StdioProcess
 from proxy.mcp.upstreams.stdio_pool import SessionCapReached
 from proxy.mcp.wire.headers import MCP_PROTOCOL_VERSION_HEADER, MCP_SESSION_ID_HEADER
 from proxy.mcp.wire.jsonrpc import read_upstream_message
 from proxy.mcp.wire.sse import SseParser
+from proxy.runtime.http1 import Pool, Response
 
 __all__ = ["CLIENT_INFO", "DeferredChannels", "NoRelay"]
 
 CLIENT_INFO = {"name": "interlock-deferred", "version": "1"}
 _INIT_TIMEOUT_S = 10.0
+_INIT_ANSWER_MAX = 1024 * 1024
 
 
 class NoRelay:
@@ -109,7 +110,7 @@ class DeferredChannels:
             if session_id:
                 headers[MCP_SESSION_ID_HEADER] = session_id
         return HttpChannel(
-            self._transport.http.session(spec),
+            self._transport.http.pool(spec),
             spec,
             headers,
             modern=modern,
@@ -132,32 +133,23 @@ class DeferredChannels:
 
     async def _open_http(self, spec: UpstreamSpec, version: str) -> tuple[str | None, str]:
         assert spec.url is not None
-        session = self._transport.http.session(spec)
+        pool = self._transport.http.pool(spec)
         base = {
             **spec.headers,
             "Accept": "application/json, text/event-stream",
             "Content-Type": "application/json",
         }
-        try:
-            async with asyncio.timeout(_INIT_TIMEOUT_S):
-                post = session.post(spec.url, data=json.dumps(_initialize(version)), headers=base)
-                async with post as answer:
-                    body = await answer.read()
-                    if answer.status >= 300:
-                        raise UpstreamNotReached(
-                            f"{spec.name}: initialize answered HTTP {answer.status}"
-                        )
-                    session_id = answer.headers.get(MCP_SESSION_ID_HEADER)
-                    sse = answer.headers.get("Content-Type", "").startswith("text/event-stream")
-                negotiated = _negotiated(body, sse, version)
-                headers = {**base, MCP_PROTOCOL_VERSION_HEADER: negotiated}
-                if session_id:
-                    headers[MCP_SESSION_ID_HEADER] = session_id
-                note = json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"})
-                async with session.post(spec.url, data=note, headers=headers) as answer:
-                    await answer.read()
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise UpstreamNotReached(f"{spec.name}: no session for deferred calls: {exc}") from exc
+        answer, body = await _post(pool, spec, base, json.dumps(_initialize(version)).encode())
+        if answer.status >= 300:
+            raise UpstreamNotReached(f"{spec.name}: initialize answered HTTP {answer.status}")
+        session_id = answer.headers.get(MCP_SESSION_ID_HEADER)
+        sse = answer.headers.get("Content-Type", "").startswith("text/event-stream")
+        negotiated = _negotiated(body, sse, version)
+        headers = {**base, MCP_PROTOCOL_VERSION_HEADER: negotiated}
+        if session_id:
+            headers[MCP_SESSION_ID_HEADER] = session_id
+        note = json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        await _post(pool, spec, headers, note.encode())
         return session_id, negotiated
 
     async def _stdio_session(self, spec: UpstreamSpec, version: str) -> StdioProcess:
@@ -184,3 +176,18 @@ class DeferredChannels:
             stdio.register_session(process)
             self._stdio[key] = process
             return process
+
+
+async def _post(
+    pool: Pool, spec: UpstreamSpec, headers: Mapping[str, str], body: bytes
+) -> tuple[Response, bytes]:
+    """One step of opening a session for deferred calls: the answer and its body."""
+    try:
+        async with asyncio.timeout(_INIT_TIMEOUT_S):
+            answer = await send(pool, spec, "POST", headers, body)
+            try:
+                return answer, await answer.read(_INIT_ANSWER_MAX)
+            finally:
+                answer.release()
+    except (UpstreamError, TimeoutError) as exc:
+        raise UpstreamNotReached(f"{spec.name}: no session for deferred calls: {exc}") from exc

@@ -107,7 +107,7 @@ async def channel_for(pc: PostContext) -> UpstreamChannel:
     """
     if pc.spec.kind == "mcp_http":
         return HttpChannel(
-            pc.transport.http.session(pc.spec),
+            pc.transport.http.pool(pc.spec),
             pc.spec,
             pc.request.headers,
             modern=pc.modern,

@@ -158,7 +158,7 @@ async def _http_passthrough(
         try:
             response = await relay_http(
                 pc.request,
-                pc.transport.http.session(pc.spec),
+                pc.transport.http.pool(pc.spec),
                 pc.spec,
                 method="POST",
                 headers=headers,

@@ -1,7 +1,7 @@
 """The MCP endpoint: `POST/GET/DELETE /mcp/{upstream}` for every configured MCP upstream.
 
 `setup_mcp(app)` adds the routes and a cleanup context that owns the transport's resources (the
-pooled upstream `ClientSession`s, the stdio processes, the disconnect watcher). Before anything
+pooled upstream connections, the stdio processes, the disconnect watcher). Before anything
 is forwarded the POST body is checked here: a known MCP upstream (else 404), a JSON content type
 (else 415), a body within `config.max_body_bytes` (else 413), valid JSON (else 400 / -32700) that
 is JSON-RPC (else 400 / -32600). Nothing is forwarded for a rejected request, and only configured
@@ -178,7 +178,7 @@ async def _relay_http(request: web.Request, spec: UpstreamSpec, method: str) -> 
         try:
             response = await relay_http(
                 request,
-                transport.http.session(spec),
+                transport.http.pool(spec),
                 spec,
                 method=method,
                 headers=headers,

@@ -16,8 +16,8 @@ from aiohttp import web
 
 from proxy.mcp.transport.reply import DisconnectWatcher
 from proxy.mcp.transport.resumption import SessionStreams
+from proxy.mcp.upstreams.http_pool import HttpUpstreams
 from proxy.mcp.upstreams.stdio_pool import StdioUpstreams
-from proxy.mcp.upstreams.streamable_http import HttpUpstreams
 
 __all__ = [
     "MCP_TRANSPORT",

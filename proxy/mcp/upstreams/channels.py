@@ -12,20 +12,22 @@ import asyncio
 from collections.abc import Mapping
 from typing import Protocol
 
-import aiohttp
-
 from policies.model import UpstreamSpec
-from proxy.errors import UpstreamNotReached
+from proxy.errors import UpstreamError, UpstreamNotReached
 from proxy.json_codec import loads
 from proxy.mcp.catalog import ParamHeaders
+from proxy.mcp.upstreams.http_pool import send
 from proxy.mcp.upstreams.relay import Relay
 from proxy.mcp.upstreams.stdio import StdioProcess
 from proxy.mcp.upstreams.streamable_http import exchange_http
 from proxy.mcp.wire.headers import modern_routing_headers, upstream_request_headers
 from proxy.mcp.wire.jsonrpc import JsonObject, WireMessage, dumps
+from proxy.runtime.http1 import Pool
 from proxy.telemetry.tracing import inject_headers
 
 __all__ = ["HttpChannel", "StdioChannel", "UpstreamChannel"]
+
+_ANSWER_CAP = 64 * 1024  # read of the answer to a notification (read to keep its connection)
 
 
 class UpstreamChannel(Protocol):
@@ -62,7 +64,7 @@ class HttpChannel:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        pool: Pool,
         spec: UpstreamSpec,
         client_headers: Mapping[str, str],
         *,
@@ -74,7 +76,7 @@ class HttpChannel:
         self._spec = spec
         self._max_response_bytes = max_response_bytes
         self._modern = modern
-        self._session = session
+        self._pool = pool
         self._param_headers = param_headers
         self._headers = upstream_request_headers(
             client_headers, spec.headers, forward_authorization=forward_authorization
@@ -105,7 +107,7 @@ class HttpChannel:
         unchanged = _unchanged(message, original)
         body = raw if raw is not None and unchanged else dumps(message)
         return await exchange_http(
-            self._session,
+            self._pool,
             self._spec,
             request_id=message.get("id"),
             body=body,
@@ -119,14 +121,13 @@ class HttpChannel:
     async def post(self, message: JsonObject, raw: bytes | None) -> None:
         body = raw if raw is not None else dumps(message)
         headers = self._request_headers(message, None)
-        assert self._spec.url is not None
         try:
-            post = self._session.post(
-                self._spec.url, data=body, headers=headers, allow_redirects=False
-            )
-            async with post as answer:
-                await answer.read()
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            answer = await send(self._pool, self._spec, "POST", headers, body)
+            try:
+                await answer.read(_ANSWER_CAP)  # a notification's answer: 202, no body
+            finally:
+                answer.release()
+        except UpstreamError as exc:
             raise UpstreamNotReached(f"{self._spec.name}: {exc!r}") from exc
 
 

@@ -11,19 +11,20 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
-
 from policies.model import UpstreamSpec
 from proxy.errors import UpstreamAnswerTooLarge, UpstreamLost
+from proxy.mcp.upstreams.http_pool import send
 from proxy.mcp.upstreams.relay import Relay
 from proxy.mcp.wire.jsonrpc import WireMessage, id_key, read_upstream_message
 from proxy.mcp.wire.sse import SseEvent, SseParser
+from proxy.runtime.http1 import Pool, Response
 
 __all__ = ["SseAnswer", "is_sse"]
 
 
-def is_sse(response: aiohttp.ClientResponse) -> bool:
-    return response.content_type == "text/event-stream"
+def is_sse(response: Response) -> bool:
+    media_type = response.headers.get("Content-Type", "").partition(";")[0]
+    return media_type.strip().lower() == "text/event-stream"
 
 
 class SseAnswer:
@@ -44,14 +45,14 @@ class SseAnswer:
         self.last_event_id: str | None = None
         self._retry_ms: int | None = None
 
-    async def read(self, upstream: aiohttp.ClientResponse) -> WireMessage | None:
+    async def read(self, upstream: Response) -> WireMessage | None:
         """The response, or None when the stream ended resumably without it.
 
         Raises:
             UpstreamLost: the stream ended without the response and without an event id.
         """
         parser = SseParser(max_event_bytes=self._max_bytes)
-        async for chunk in upstream.content.iter_any():
+        while chunk := await upstream.readany():
             try:
                 events = parser.feed(chunk)
             except ValueError:  # one event larger than the proxy holds
@@ -83,9 +84,7 @@ class SseAnswer:
     def _is_answer(self, message: WireMessage) -> bool:
         return "method" not in message and id_key(message.get("id")) == self._wanted
 
-    async def resume(
-        self, session: aiohttp.ClientSession, headers: Mapping[str, str]
-    ) -> WireMessage:
+    async def resume(self, pool: Pool, headers: Mapping[str, str]) -> WireMessage:
         """Follow the stream with `GET` + `Last-Event-ID` until the response arrives.
 
         Raises:
@@ -99,15 +98,16 @@ class SseAnswer:
             assert self.last_event_id is not None
             get_headers["last-event-id"] = self.last_event_id
             before = self.last_event_id
-            async with session.get(
-                self._spec.url, headers=get_headers, allow_redirects=False
-            ) as upstream:
+            upstream = await send(pool, self._spec, "GET", get_headers)
+            try:
                 if upstream.status != 200 or not is_sse(upstream):
                     raise UpstreamLost(
                         f"{self._spec.name}: resuming the event stream was refused "
                         f"(HTTP {upstream.status})"
                     )
                 answer = await self.read(upstream)
+            finally:
+                upstream.release()
             if answer is not None:
                 return answer
             if self.last_event_id == before:

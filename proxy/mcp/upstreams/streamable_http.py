@@ -1,4 +1,5 @@
-"""Streamable HTTP upstreams: one pooled `ClientSession` per upstream, raw relays and exchanges.
+"""Streamable HTTP upstreams: raw relays and exchanges over the pooled connections
+(`proxy.mcp.upstreams.http_pool`).
 
 Two ways to forward a client POST:
 
@@ -10,14 +11,13 @@ Two ways to forward a client POST:
   relaying the upstream's intermediate messages meanwhile. Used for `tools/call` (the pipeline's
   `send_upstream`) and for batch elements; an event-stream answer is read by
   `proxy.mcp.upstreams.sse_answers.SseAnswer` (which resumes a stream the server closed). It
-  raises the `proxy.errors` tree, mapped here in one place from aiohttp's exceptions.
+  raises the `proxy.errors` tree (the HTTP client's own, named after the upstream).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from types import TracebackType
 from typing import Any
 
 import aiohttp
@@ -26,92 +26,30 @@ from aiohttp import web
 from policies.model import UpstreamSpec
 from proxy.errors import (
     UpstreamAnswerTooLarge,
+    UpstreamError,
     UpstreamLost,
     UpstreamNotReached,
     UpstreamPressure,
     UpstreamRefused,
     UpstreamTimeout,
 )
+from proxy.mcp.upstreams.http_pool import named_errors, send
 from proxy.mcp.upstreams.relay import Relay
 from proxy.mcp.upstreams.sse_answers import SseAnswer, is_sse
 from proxy.mcp.wire.headers import client_response_headers
 from proxy.mcp.wire.jsonrpc import WireMessage, id_key, read_upstream_message
 from proxy.mcp.wire.sse import SSE_HEADERS, SseParser
 from proxy.runtime.client_gone import cancelled_when
+from proxy.runtime.http1 import Pool, Response
 
-__all__ = ["PRESSURE_STATUSES", "HttpUpstreams", "ResponseTap", "exchange_http", "relay_http"]
+__all__ = ["PRESSURE_STATUSES", "ResponseTap", "exchange_http", "relay_http"]
 
 PRESSURE_STATUSES = frozenset({429, 503, 529})
 _ERROR_BODY_CAP = 64 * 1024
-_POOL_WAIT_S = 30.0  # the longest a request waits for a free connection to its upstream
 _JSON_BODY_CAP = 64 * 1024 * 1024
 _WHOLE_ANSWER_MAX = 256 * 1024
 """A relayed answer of known length up to this is read whole and sent with its head in one
 write; a longer one streams through (it is never held: resources can be large)."""
-
-
-class HttpUpstreams:
-    """The pooled client sessions, one per Streamable HTTP upstream, opened on first use."""
-
-    def __init__(self) -> None:
-        self._sessions: dict[str, aiohttp.ClientSession] = {}
-
-    def session(self, spec: UpstreamSpec) -> aiohttp.ClientSession:
-        session = self._sessions.get(spec.name)
-        if session is None or session.closed:
-            session = aiohttp.ClientSession(
-                auto_decompress=False,
-                # No total or read timeout: SSE streams live as long as the call; each exchange
-                # has its own per-attempt timeout. `connect` bounds the wait for a pool slot:
-                # every request to the upstream holds one of `max_connections`.
-                timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=10, connect=spec.timeout_s or _POOL_WAIT_S
-                ),
-                connector=aiohttp.TCPConnector(limit=spec.max_connections, force_close=False),
-                skip_auto_headers=("User-Agent",),
-                # Every caller shares this session: a jar would replay a cookie the upstream set
-                # in one caller's answer on every other caller's requests.
-                cookie_jar=aiohttp.DummyCookieJar(),
-            )
-            self._sessions[spec.name] = session
-        return session
-
-    async def close(self) -> None:
-        sessions, self._sessions = list(self._sessions.values()), {}
-        for session in sessions:
-            await session.close()
-
-
-_NOT_REACHED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, aiohttp.InvalidURL)
-
-
-class _mapped_errors:
-    """Translate aiohttp/OS errors into the upstream error tree (the one place that does it).
-
-    A plain class, not a generator-based context manager: it wraps every upstream exchange,
-    several times each, and a generator costs a few microseconds to enter and leave.
-    """
-
-    __slots__ = ("_spec",)
-
-    def __init__(self, spec: UpstreamSpec) -> None:
-        self._spec = spec
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is None:
-            return
-        if isinstance(exc, _NOT_REACHED):
-            raise UpstreamNotReached(f"{self._spec.name}: cannot connect ({exc})") from exc
-        if isinstance(exc, aiohttp.ClientError | OSError):
-            raise UpstreamLost(f"{self._spec.name}: connection lost ({exc!r})") from exc
 
 
 class ResponseTap:
@@ -144,7 +82,7 @@ class ResponseTap:
 
 async def relay_http(
     request: web.Request,
-    session: aiohttp.ClientSession,
+    pool: Pool,
     spec: UpstreamSpec,
     *,
     method: str,
@@ -163,20 +101,16 @@ async def relay_http(
         UpstreamNotReached: the upstream could not be connected to (nothing was sent).
         UpstreamLost: the connection broke before the upstream's answer started.
     """
-    assert spec.url is not None
-    with _mapped_errors(spec):
-        upstream = await session.request(
-            method, spec.url, data=body, headers=dict(headers), allow_redirects=False
-        )
-    async with upstream:
+    upstream = await send(pool, spec, method, headers, body)
+    try:
         if on_start is not None:
             on_start(upstream.status, upstream.headers)
         out_headers = client_response_headers(upstream.headers, keep_encoding=True)
         tapper = ResponseTap(tap, sse=is_sse(upstream)) if tap is not None else None
         length = upstream.content_length
         if not is_sse(upstream) and length is not None and length <= _WHOLE_ANSWER_MAX:
-            with _mapped_errors(spec):
-                data = await upstream.read()
+            with named_errors(spec):
+                data = await upstream.read(length)
             if tapper is not None:
                 tapper.feed(data)
                 tapper.close()
@@ -195,27 +129,29 @@ async def relay_http(
         if not delivered and gone is not None:
             gone.set()
         return response
+    finally:
+        upstream.release()  # closes the connection unless the answer was read to its end
 
 
 async def _pump(
-    upstream: aiohttp.ClientResponse, response: web.StreamResponse, tapper: ResponseTap | None
+    upstream: Response, response: web.StreamResponse, tapper: ResponseTap | None
 ) -> bool:
     """Copy the upstream body to the client as it arrives; False if either side broke off."""
     try:
-        async for chunk in upstream.content.iter_any():
+        while chunk := await upstream.readany():
             if tapper is not None:
                 tapper.feed(chunk)
             await response.write(chunk)
         if tapper is not None:
             tapper.close()
         await response.write_eof()
-    except (ConnectionError, RuntimeError, aiohttp.ClientError, ValueError):
+    except (UpstreamError, ConnectionError, RuntimeError, aiohttp.ClientError, ValueError):
         return False
     return True
 
 
 async def exchange_http(
-    session: aiohttp.ClientSession,
+    pool: Pool,
     spec: UpstreamSpec,
     *,
     request_id: Any,
@@ -242,7 +178,7 @@ async def exchange_http(
     try:
         with cancelled_when(cancel) as trip:
             async with asyncio.timeout(timeout_s):
-                return await _exchange(session, spec, request_id, body, headers, relay, max_bytes)
+                return await _exchange(pool, spec, request_id, body, headers, relay, max_bytes)
     except TimeoutError:
         raise UpstreamTimeout(f"{spec.name}: no answer within {timeout_s:g} s") from None
     except asyncio.CancelledError:
@@ -254,7 +190,7 @@ async def exchange_http(
 
 
 async def _exchange(
-    session: aiohttp.ClientSession,
+    pool: Pool,
     spec: UpstreamSpec,
     request_id: Any,
     body: bytes,
@@ -262,49 +198,47 @@ async def _exchange(
     relay: Relay,
     max_bytes: int,
 ) -> WireMessage:
-    assert spec.url is not None
-    with _mapped_errors(spec):
-        upstream = await session.post(
-            spec.url, data=body, headers=dict(headers), allow_redirects=False
-        )
-    async with upstream:
+    upstream = await send(pool, spec, "POST", headers, body)
+    try:
         if upstream.status in PRESSURE_STATUSES or upstream.status >= 300:
-            with _mapped_errors(spec):
-                data = await upstream.content.read(_ERROR_BODY_CAP)
+            with named_errors(spec):
+                data = await upstream.read(_ERROR_BODY_CAP)
             error = UpstreamPressure if upstream.status in PRESSURE_STATUSES else UpstreamRefused
-            raise error(upstream.status, dict(upstream.headers), data)
+            raise error(upstream.status, upstream.headers, data)
         if upstream.status == 202:
             raise UpstreamLost(f"{spec.name}: the request was accepted (202) but never answered")
         relay_start = getattr(relay, "upstream_headers", None)
         if relay_start is not None:
             relay_start(upstream.headers)
-        with _mapped_errors(spec):
+        with named_errors(spec):
             if not is_sse(upstream):
                 data = await _read_within(upstream, spec, max_bytes)
                 return _json_answer(spec, data, request_id)
             stream = SseAnswer(spec, request_id, relay, max_bytes=max_bytes)
             if (answer := await stream.read(upstream)) is not None:
                 return answer
+    finally:
+        upstream.release()
     # The stream ended after giving an event id: the request arrived and the server let go of the
     # connection (SEP-1699 polling). The answer is not lost; the stream goes on from that id.
     await relay.let_go()
     try:
-        with _mapped_errors(spec):
-            return await stream.resume(session, headers)
+        with named_errors(spec):
+            return await stream.resume(pool, headers)
     except UpstreamNotReached as exc:
         # The request itself arrived (it was given an event id): whatever breaks now, it may
         # have run, so it is lost, never "not sent".
         raise UpstreamLost(f"{spec.name}: the request arrived; resuming its stream failed") from exc
 
 
-async def _read_within(upstream: aiohttp.ClientResponse, spec: UpstreamSpec, limit: int) -> bytes:
+async def _read_within(upstream: Response, spec: UpstreamSpec, limit: int) -> bytes:
     """The whole body, or `UpstreamAnswerTooLarge` as soon as it passes `limit` bytes."""
     length = upstream.content_length
     if length is not None and length > limit:
         raise UpstreamAnswerTooLarge(spec.name, limit)
     parts: list[bytes] = []
     size = 0
-    async for chunk in upstream.content.iter_any():
+    while chunk := await upstream.readany():
         size += len(chunk)
         if size > limit:
             raise UpstreamAnswerTooLarge(spec.name, limit)

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from multidict import CIMultiDict
+
 __all__ = [
     "HANDSHAKE_PROTOCOL_VERSIONS",
     "MCP_METHOD_HEADER",
@@ -101,9 +103,12 @@ def upstream_request_headers(
 
 def client_response_headers(
     upstream_headers: Mapping[str, str], *, keep_encoding: bool = False
-) -> dict[str, str]:
-    """The upstream response headers the client gets (no length: the proxy re-streams)."""
-    out: dict[str, str] = {}
+) -> CIMultiDict[str]:
+    """The upstream response headers the client gets (no length: the proxy re-streams).
+
+    Case-insensitive: the proxy sets some of them again (an event stream's `Content-Type`), and
+    an upstream may spell them in any case (`content-type`); a plain dict would send both."""
+    out: CIMultiDict[str] = CIMultiDict()
     for name, value in upstream_headers.items():
         lower = name.lower()
         if lower in _TO_CLIENT or (keep_encoding and lower == "content-encoding"):

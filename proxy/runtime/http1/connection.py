@@ -212,6 +212,11 @@ class Response:
         )
         self._released = False
 
+    @property
+    def content_length(self) -> int | None:
+        """The body's size when the upstream said it (Content-Length), else None."""
+        return self._head.length if self._head.framing is Framing.LENGTH else None
+
     def at_eof(self) -> bool:
         """The whole body has been read."""
         return self._done

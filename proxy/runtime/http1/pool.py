@@ -46,6 +46,7 @@ class Pool:
     ) -> None:
         if base.scheme not in ("http", "https") or not base.host:
             raise ValueError(f"not an http(s) URL: {base}")
+        self.base = base
         self._host = base.host
         self._port = base.port or (443 if base.scheme == "https" else 80)
         self._host_header = base.host_port_subcomponent or self._host
@@ -69,8 +70,12 @@ class Pool:
         *,
         connect_s: float,
         read_s: float | None,
+        wait_s: float | None = None,
     ) -> Response:
         """Send one request to `url` (on this pool's upstream) and read the answer's head.
+
+        `wait_s` bounds the wait for a free connection (default `connect_s`), `connect_s` the
+        opening of a new one, `read_s` each wait for a byte of the answer (None: no bound).
 
         Raises:
             UpstreamNotReached: nothing was sent (no connection, or a header that cannot be).
@@ -86,7 +91,7 @@ class Pool:
             head = request_head(method, url.raw_path_qs, self._host_header, headers, framing)
         except BadRequestHead as exc:
             raise UpstreamNotReached(f"request not sent ({exc})") from exc
-        connection = await self._acquire(connect_s)
+        connection = await self._acquire(connect_s, connect_s if wait_s is None else wait_s)
         sending: asyncio.Task[None] | None = None
         try:
             if isinstance(body, bytes) and len(body) <= _ONE_WRITE_MAX:
@@ -114,8 +119,8 @@ class Pool:
 
     # connections and slots -------------------------------------------------------------
 
-    async def _acquire(self, connect_s: float) -> Connection:
-        await self._slot(connect_s)
+    async def _acquire(self, connect_s: float, wait_s: float) -> Connection:
+        await self._slot(wait_s)
         try:
             now = self._clock()
             while self._idle:
