@@ -454,3 +454,54 @@ def test_a_streamed_request_body_is_sent_chunked(run: Any) -> None:
         assert body.replace(b"\r\n", b"").count(b"b") == 100_000
 
     run(scenario())
+
+
+def test_a_connection_the_upstream_wrote_to_while_idle_is_not_reused(run: Any) -> None:
+    """Bytes an upstream sends after its answer, unasked, would be read as the start of the
+    next answer on that connection: such a connection is dropped, never reused."""
+
+    async def scenario() -> None:
+        async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await up.request(reader)
+            writer.write(OK)
+            await writer.drain()
+            await asyncio.sleep(0.1)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale")
+            await up.request(reader)
+
+        async with Upstream(script) as up:
+            pool = Pool(up.url, limit=1)
+            assert await body_of(pool, up.url) == b"hello"
+            await asyncio.sleep(0.3)  # the stray answer arrives while the connection is idle
+            assert await body_of(pool, up.url) == b"hello"
+            await pool.close()
+        assert pool.opened == 2
+
+    run(scenario())
+
+
+def test_a_request_cancelled_while_waiting_for_a_connection_frees_nothing_twice(run: Any) -> None:
+    """Cancelled while waiting for a slot, in the same turn as the slot is released: it ends
+    cancelled (not with an error of the pool's), and the slot serves the next request."""
+
+    async def scenario() -> None:
+        async with upstream(answers(OK, OK, OK)) as up:
+            pool = Pool(up.url, limit=1)
+            held = await pool.request("GET", up.url, [], None, connect_s=2, read_s=2)
+            waiting = asyncio.ensure_future(
+                pool.request("GET", up.url, [], None, connect_s=10, read_s=2)
+            )
+            await asyncio.sleep(0.05)
+            waiting.cancel()
+            assert await held.read(5) == b"hello"
+            held.release()  # in the same turn: the cancelled waiter is still queued
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert await body_of(pool, up.url, body=None, method="GET") == b"hello"
+            held = await pool.request("GET", up.url, [], None, connect_s=2, read_s=2)
+            with pytest.raises(UpstreamNotReached, match="busy"):  # one slot, not two
+                await pool.request("GET", up.url, [], None, connect_s=0.1, read_s=2)
+            held.close()
+            await pool.close()
+
+    run(scenario())

@@ -116,6 +116,17 @@ class Connection(asyncio.Protocol):
             self._reading_paused = False
             self.transport.resume_reading()
 
+    def reusable(self, now: float) -> bool:
+        """An idle connection can carry a request: open, not expired, and silent since its last
+        answer (bytes the upstream sent unasked would be read as the next answer's start)."""
+        return (
+            not self.closed
+            and now < self.expires_at
+            and not self.buffer
+            and self.transport is not None
+            and not self.transport.is_closing()
+        )
+
     def abort(self) -> None:
         self.closed = True
         if self.transport is not None:

@@ -125,7 +125,7 @@ class Pool:
             now = self._clock()
             while self._idle:
                 connection = self._idle.pop()
-                if not connection.closed and now < connection.expires_at:
+                if connection.reusable(now):
                     return connection
                 connection.abort()
             return await self._connect(connect_s)
@@ -147,7 +147,7 @@ class Pool:
         except BaseException as exc:
             if waiter.done() and not waiter.cancelled():
                 self._free_slot()  # handed over just as we gave up: pass it on
-            else:
+            elif waiter in self._waiters:  # a release may have dropped it already
                 self._waiters.remove(waiter)
             if isinstance(exc, TimeoutError):
                 raise UpstreamNotReached(
