@@ -262,6 +262,22 @@ MUTANTS = (
         why="a cookie the upstream set for one caller is sent on every other caller's calls",
     ),
     Mutant(
+        name="the HTTP client reuses a connection whose answer was left unread",
+        path="proxy/runtime/http1/connection.py",
+        module="proxy.runtime.http1.connection",
+        edits=(
+            (
+                "            self._done\n            and self._head.keep_alive",
+                "            self._head.keep_alive",
+            ),
+        ),
+        tests=(
+            "tests/integration/test_http1_client.py::"
+            "test_an_answer_released_before_its_end_closes_its_connection",
+        ),
+        why="the rest of one caller's answer would be read as the start of the next caller's",
+    ),
+    Mutant(
         name="the turn index misses a served tenant's new turn",
         path="policies/admission_book.py",
         module="policies.admission_book",

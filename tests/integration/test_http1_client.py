@@ -9,14 +9,22 @@ heads) are exercised too.
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 import uvloop
 from aiohttp import web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from yarl import URL
 
 from proxy.errors import UpstreamLost, UpstreamNotReached, UpstreamTimeout
@@ -46,18 +54,19 @@ class Upstream:
         self.connections = 0
         self.received: list[bytes] = []
         self.server: asyncio.Server | None = None
+        self.tls: ssl.SSLContext | None = None
 
     async def __aenter__(self) -> Upstream:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             self.connections += 1
             try:
                 await self.script(reader, writer)
-            except (ConnectionError, asyncio.IncompleteReadError):
+            except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
                 pass
             finally:
                 writer.close()
 
-        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        self.server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=self.tls)
         return self
 
     async def __aexit__(self, *_: object) -> None:
@@ -505,3 +514,67 @@ def test_a_request_cancelled_while_waiting_for_a_connection_frees_nothing_twice(
             await pool.close()
 
     run(scenario())
+
+
+def _self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1, signed by its own key (the test's stand-in for a CA)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "interlock test upstream")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def test_an_https_upstream_is_verified_then_used(
+    run: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TLS with the system's verification: a certificate nobody vouches for is never sent a
+    request; once trusted (here through SSL_CERT_FILE, as an operator would), it is used."""
+    cert, key = _self_signed(tmp_path)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+
+    async def scenario(trusted: bool) -> None:
+        up = upstream(answers(OK, OK))
+        up.tls = server_tls
+        async with up:
+            url = up.url.with_scheme("https")
+            pool = Pool(url, limit=1)
+            if trusted:
+                assert await body_of(pool, url) == b"hello"
+                assert await body_of(pool, url) == b"hello"
+                assert pool.opened == 1
+            else:
+                with pytest.raises(UpstreamNotReached, match="TLS handshake: CERTIFICATE_VERIFY"):
+                    await pool.request("GET", url, [], None, connect_s=2, read_s=2)
+            await pool.close()
+        if not trusted:
+            assert up.received == []  # the handshake failed: no request was written
+
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    run(scenario(trusted=False))
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    run(scenario(trusted=True))

@@ -189,6 +189,9 @@ class Pool:
                 )
         except TimeoutError as exc:
             raise UpstreamNotReached("upstream not reached (connect timeout)") from exc
+        except ssl.SSLError as exc:  # an OSError whose errno (1, "EPERM") says nothing
+            reason = exc.reason or type(exc).__name__
+            raise UpstreamNotReached(f"upstream not reached (TLS handshake: {reason})") from exc
         except socket.gaierror as exc:
             raise UpstreamNotReached("upstream not reached (name lookup failed)") from exc
         except OSError as exc:
