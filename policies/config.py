@@ -60,6 +60,8 @@ _ENV_TOP_LEVEL = (
     "client_body_timeout_s",
 )
 _INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP token (RFC 9110)
+_LINE_BREAK = re.compile(r"[\r\n\x00]")
 
 
 def _apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> None:
@@ -167,6 +169,22 @@ def _interpolate(value: str, path: KeyPath, reporter: Reporter, environ: Mapping
     return _INTERPOLATION.sub(substitute, value)
 
 
+def _header(
+    key: str, value: str, path: KeyPath, reporter: Reporter, environ: Mapping[str, str]
+) -> str:
+    """A configured upstream header, checked the way it will be written into every request.
+
+    The value is never shown in an error: after `${VAR}` it may be a secret."""
+    if not _HEADER_NAME.fullmatch(key):
+        raise reporter.error(
+            path, MISSING, "not a header name (letters, digits and !#$%&'*+-.^_`|~)"
+        )
+    text = _interpolate(value, path, reporter, environ)
+    if _LINE_BREAK.search(text):
+        raise reporter.error(path, MISSING, "the value holds a line break or NUL (after ${VAR})")
+    return text
+
+
 def _limits(limits: LimitsIn) -> Limits:
     return Limits(
         limits.max_running,
@@ -191,7 +209,7 @@ def _build_upstream(
     name: str, up: UpstreamIn, reporter: Reporter, environ: Mapping[str, str]
 ) -> UpstreamSpec:
     headers = {
-        key: _interpolate(value, ("upstreams", name, "headers", key), reporter, environ)
+        key: _header(key, value, ("upstreams", name, "headers", key), reporter, environ)
         for key, value in up.headers.items()
     }
     env = {

@@ -322,7 +322,12 @@ def test_a_header_that_would_split_the_request_is_never_sent(run: Any) -> None:
     async def scenario() -> None:
         async with upstream(answers(OK)) as up:
             pool = Pool(up.url, limit=1)
-            for name, value in [("X-A", "1\r\nX-Injected: 2"), ("X A", "1"), ("X-A", "1\n")]:
+            for name, value in [
+                ("X-A", "1\r\nX-Injected: 2"),
+                ("X A", "1"),
+                ("X-A", "1\n"),
+                ("X-日本", "1"),
+            ]:
                 with pytest.raises(UpstreamNotReached, match="cannot be sent"):
                     await pool.request("GET", up.url, [(name, value)], None, connect_s=2, read_s=2)
             await pool.close()

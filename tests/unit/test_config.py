@@ -110,6 +110,36 @@ def test_headers_interpolate_environment_variables():
     assert config.upstreams["api"].headers == {"x-api-key": "secret", "x-static": "plain"}
 
 
+@pytest.mark.parametrize(
+    ("header", "env", "why"),
+    [
+        ('x-api-key: "${KEY}"', {"KEY": "secret\r\nX-Injected: 1"}, "line break"),
+        ('x-static: "a\\nb"', {}, "line break"),
+        ('"x api key": v', {}, "not a header name"),
+        ('"x-clé": v', {}, "not a header name"),
+    ],
+    ids=["interpolated-crlf", "literal-newline", "space-in-name", "non-ascii-name"],
+)
+def test_a_header_that_cannot_be_sent_as_it_is_is_a_config_error(
+    header: str, env: dict[str, str], why: str
+) -> None:
+    """Configured upstream headers are written into every request: a name that is not an HTTP
+    token, or a value (after `${VAR}`) with a line break, would split the request. The error
+    names the key and never shows the value (it may be a secret from the environment)."""
+    with pytest.raises(ConfigError, match=why) as caught:
+        parse(
+            f"""\
+            upstreams:
+              api:
+                http: "http://127.0.0.1:9000"
+                headers: {{{header}}}
+            """,
+            **env,
+        )
+    assert "upstreams.api.headers" in str(caught.value)
+    assert "secret" not in str(caught.value)
+
+
 def test_upstream_kind_and_not_executed_statuses_parse():
     """`kind` declares a model provider (default generic); `not_executed_statuses` is a set."""
     config = parse(

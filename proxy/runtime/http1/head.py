@@ -30,6 +30,7 @@ MAX_HEAD_BYTES = 64 * 1024
 """A response head larger than this is refused (aiohttp's parser allows about the same)."""
 
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_TOKEN_TEXT = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # the same, for names we send
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: ([^\r\n]*))?")
 _DIGITS = re.compile(r"[0-9]+")
 _FORBIDDEN_IN_VALUE = re.compile(r"[\r\n\x00]")
@@ -77,7 +78,7 @@ def request_head(
         lower = name.lower()
         if lower in ("host", "content-length", "transfer-encoding"):
             continue
-        if _FORBIDDEN_IN_VALUE.search(value) or not _TOKEN.fullmatch(name.encode("latin-1")):
+        if _FORBIDDEN_IN_VALUE.search(value) or not _TOKEN_TEXT.fullmatch(name):
             raise BadRequestHead(f"header {name!r} cannot be sent as it is")
         lines.append(f"{name}: {value}")
     if framing == "chunked":
