@@ -251,15 +251,15 @@ MUTANTS = (
         why="refusals answered before a graceful stop are never recorded as rejected",
     ),
     Mutant(
-        name="MCP upstream session keeps a cookie jar",
-        path="proxy/mcp/upstreams/streamable_http.py",
-        module="proxy.mcp.upstreams.streamable_http",
-        edits=(("                cookie_jar=aiohttp.DummyCookieJar(),\n", ""),),
+        name="the HTTP client picks one of two Content-Length values",
+        path="proxy/runtime/http1/head.py",
+        module="proxy.runtime.http1.head",
+        edits=(("    if len(lengths) > 1 or not all(", "    if not all("),),
         tests=(
-            "tests/integration/test_upstream_cookies.py::"
-            "test_a_cookie_one_caller_was_given_never_rides_on_another_callers_call",
+            "tests/integration/test_http1_client.py::"
+            "test_a_malformed_or_cut_off_answer_is_lost_never_guessed",
         ),
-        why="a cookie the upstream set for one caller is sent on every other caller's calls",
+        why="where one answer ends becomes a guess: the rest is read as another caller's answer",
     ),
     Mutant(
         name="the HTTP client reuses a connection whose answer was left unread",
