@@ -32,7 +32,10 @@ _CONCURRENCY = (1, 32)
 Send = Callable[[], Awaitable[bytes]]
 
 
-async def _measure(send: Send, concurrency: int, seconds: float) -> tuple[int, float]:
+async def _measure(
+    send: Send, concurrency: int, seconds: float, base: str
+) -> tuple[int, float, int]:
+    """Requests done, CPU seconds and connections opened, after a warm-up that opens them."""
     done = 0
 
     async def client(stop_at: float) -> None:
@@ -43,10 +46,12 @@ async def _measure(send: Send, concurrency: int, seconds: float) -> tuple[int, f
 
     await asyncio.gather(*(client(time.monotonic() + 0.2) for _ in range(concurrency)))
     done = 0
+    opened = await connections_seen(base)
     cpu = time.process_time()
     started = time.monotonic()
     await asyncio.gather(*(client(started + seconds) for _ in range(concurrency)))
-    return done, time.process_time() - cpu
+    cpu = time.process_time() - cpu
+    return done, cpu, await connections_seen(base) - opened
 
 
 async def _run(quick: bool) -> list[Table]:
@@ -82,9 +87,8 @@ async def _run(quick: bool) -> list[Table]:
             clients = {"aiohttp ClientSession": with_aiohttp, "interlock http1": with_ours}
             for _ in range(rounds):
                 for name, send in clients.items():
-                    opened = await connections_seen(base)
-                    done, cpu = await _measure(send, concurrency, seconds)
-                    fresh = (await connections_seen(base) - opened) * 1000 / max(done, 1)
+                    done, cpu, opened = await _measure(send, concurrency, seconds, base)
+                    fresh = opened * 1000 / max(done, 1)
                     got = (cpu / max(done, 1) * 1e6, fresh)
                     if (name, concurrency) not in best or got[0] < best[(name, concurrency)][0]:
                         best[(name, concurrency)] = got
