@@ -19,6 +19,7 @@ from policies.config_checks import DEFAULT_CLASSES, check_config, merged_classes
 from policies.config_schema import ConfigIn, LimitsIn, ToolRuleIn, UpstreamIn
 from policies.config_yaml import MISSING, ConfigError, KeyPath, Loader, Reporter, dig, line_map
 from policies.edge import normalised
+from policies.header_syntax import breaks_header_line, is_header_name
 from policies.model import (
     WORK_CLASSES,
     AdminSettings,
@@ -60,8 +61,6 @@ _ENV_TOP_LEVEL = (
     "client_body_timeout_s",
 )
 _INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP token (RFC 9110)
-_LINE_BREAK = re.compile(r"[\r\n\x00]")
 
 
 def _apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> None:
@@ -175,12 +174,12 @@ def _header(
     """A configured upstream header, checked the way it will be written into every request.
 
     The value is never shown in an error: after `${VAR}` it may be a secret."""
-    if not _HEADER_NAME.fullmatch(key):
+    if not is_header_name(key):
         raise reporter.error(
             path, MISSING, "not a header name (letters, digits and !#$%&'*+-.^_`|~)"
         )
     text = _interpolate(value, path, reporter, environ)
-    if _LINE_BREAK.search(text):
+    if breaks_header_line(text):
         raise reporter.error(path, MISSING, "the value holds a line break or NUL (after ${VAR})")
     return text
 

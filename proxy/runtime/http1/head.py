@@ -15,6 +15,8 @@ from enum import Enum
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from policies.header_syntax import breaks_header_line, is_header_name
+
 __all__ = [
     "MAX_HEAD_BYTES",
     "BadAnswer",
@@ -29,11 +31,8 @@ __all__ = [
 MAX_HEAD_BYTES = 64 * 1024
 """A response head larger than this is refused (aiohttp's parser allows about the same)."""
 
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_TOKEN_TEXT = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # the same, for names we send
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: ([^\r\n]*))?")
 _DIGITS = re.compile(r"[0-9]+")
-_FORBIDDEN_IN_VALUE = re.compile(r"[\r\n\x00]")
 
 
 class BadAnswer(Exception):
@@ -78,7 +77,7 @@ def request_head(
         lower = name.lower()
         if lower in ("host", "content-length", "transfer-encoding"):
             continue
-        if _FORBIDDEN_IN_VALUE.search(value) or not _TOKEN_TEXT.fullmatch(name):
+        if breaks_header_line(value) or not is_header_name(name):
             raise BadRequestHead(f"header {name!r} cannot be sent as it is")
         lines.append(f"{name}: {value}")
     if framing == "chunked":
@@ -105,14 +104,13 @@ def parse_response_head(head: bytes, *, method: str) -> ResponseHead:
     pairs: list[tuple[str, str]] = []
     if rest:
         for line in rest.split(b"\r\n"):
-            name, colon, value = line.partition(b":")
-            if not colon or not _TOKEN.fullmatch(name):
+            raw_name, colon, value = line.partition(b":")
+            name = raw_name.decode("latin-1")
+            if not colon or not is_header_name(name):
                 # includes obsolete line folding (a line starting with whitespace), which RFC
                 # 9112 lets a client refuse, and whitespace before the colon, which it must
                 raise BadAnswer("a malformed header line in the answer")
-            pairs.append(
-                (name.decode("ascii"), value.strip(b" \t").decode("utf-8", "surrogateescape"))
-            )
+            pairs.append((name, value.strip(b" \t").decode("utf-8", "surrogateescape")))
     headers = CIMultiDictProxy(CIMultiDict(pairs))
     connection = {t.strip().lower() for v in headers.getall("Connection", ()) for t in v.split(",")}
     keep_alive = "close" not in connection and (minor == b"1" or "keep-alive" in connection)
