@@ -267,8 +267,8 @@ MUTANTS = (
         module="proxy.runtime.http1.connection",
         edits=(
             (
-                "            self._done\n            and self._head.keep_alive",
-                "            self._head.keep_alive",
+                "            and self._done\n            and self._head.keep_alive",
+                "            and self._head.keep_alive",
             ),
         ),
         tests=(

@@ -41,7 +41,7 @@ class Opened:
 
 
 def is_sse(opened: Opened) -> bool:
-    return opened.response.headers.get("Content-Type", "").startswith("text/event-stream")
+    return opened.response.event_stream
 
 
 async def open_upstream(

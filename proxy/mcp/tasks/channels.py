@@ -143,8 +143,7 @@ class DeferredChannels:
         if answer.status >= 300:
             raise UpstreamNotReached(f"{spec.name}: initialize answered HTTP {answer.status}")
         session_id = answer.headers.get(MCP_SESSION_ID_HEADER)
-        sse = answer.headers.get("Content-Type", "").startswith("text/event-stream")
-        negotiated = _negotiated(body, sse, version)
+        negotiated = _negotiated(body, answer.event_stream, version)
         headers = {**base, MCP_PROTOCOL_VERSION_HEADER: negotiated}
         if session_id:
             headers[MCP_SESSION_ID_HEADER] = session_id

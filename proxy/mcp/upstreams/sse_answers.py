@@ -23,8 +23,7 @@ __all__ = ["SseAnswer", "is_sse"]
 
 
 def is_sse(response: Response) -> bool:
-    media_type = response.headers.get("Content-Type", "").partition(";")[0]
-    return media_type.strip().lower() == "text/event-stream"
+    return response.event_stream
 
 
 class SseAnswer:

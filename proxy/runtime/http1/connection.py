@@ -224,6 +224,12 @@ class Response:
         self._released = False
 
     @property
+    def event_stream(self) -> bool:
+        """The answer is a server-sent event stream (its media type, in any spelling)."""
+        media_type = self.headers.get("Content-Type", "").partition(";")[0]
+        return media_type.strip().lower() == "text/event-stream"
+
+    @property
     def content_length(self) -> int | None:
         """The body's size when the upstream said it (Content-Length), else None."""
         return self._head.length if self._head.framing is Framing.LENGTH else None
@@ -291,28 +297,28 @@ class Response:
 
     def release(self) -> None:
         """Done with this answer: the connection goes back to its pool if it can carry another."""
+        self._end(reuse=True)
+
+    def close(self) -> None:
+        """Done with this answer before its end: the connection is closed."""
+        self._end(reuse=False)
+
+    def _end(self, *, reuse: bool) -> None:
         if self._released:
             return
         self._released = True
         sending = self._sending
+        sent = sending is None or (
+            sending.done() and not sending.cancelled() and sending.exception() is None
+        )
         reusable = (
-            self._done
+            reuse
+            and self._done
             and self._head.keep_alive
             and not self._connection.closed
             and not self._connection.buffer  # bytes past the end: the framing was not ours
-            and (sending is None or (sending.done() and not sending.cancelled()))
-            and (sending is None or sending.exception() is None)
+            and sent
         )
         if sending is not None and not sending.done():
             sending.cancel()
         self._give_back(self._connection, self._head if reusable else None)
-
-    def close(self) -> None:
-        """Done with this answer before its end: the connection is closed."""
-        self._done = True
-        self._head = _closed(self._head)
-        self.release()
-
-
-def _closed(head: ResponseHead) -> ResponseHead:
-    return ResponseHead(head.status, head.reason, head.headers, head.framing, head.length, False)
