@@ -18,11 +18,12 @@ from __future__ import annotations
 import functools
 import operator
 from datetime import datetime
-from typing import Any
-
-import asyncpg
+from typing import TYPE_CHECKING, Any
 
 from ledger.batch import ROW_FIELDS, EntryRow, Needs, WorkingSet
+
+if TYPE_CHECKING:  # the driver itself is loaded only for a PostgreSQL ledger (by its engine)
+    import asyncpg
 
 __all__ = ["begin", "commit", "flush", "load", "rollback"]
 

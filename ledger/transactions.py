@@ -20,9 +20,8 @@ import contextlib
 import sqlite3
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import asyncpg
 import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -33,6 +32,9 @@ from ledger.errors import LedgerError, LedgerUnavailable
 from ledger.faults import describe
 from ledger.operations import Operation
 from ledger.writer_thread import WriterThread
+
+if TYPE_CHECKING:  # loaded only for a PostgreSQL ledger: a SQLite proxy never pays for it
+    import asyncpg
 
 __all__ = [
     "ContextAt",
@@ -330,6 +332,8 @@ class PostgresTransactions:
         conn, raw, self._conn, self._raw = self._conn, self._raw, None, None
         if conn is None:
             return
+        import asyncpg  # already loaded: this connection came from it
+
         with contextlib.suppress(exc.DBAPIError, OSError, asyncpg.PostgresError):
             # SQLAlchemy did not see the plain statements fail: a connection that died or was
             # left mid-transaction under them must not go back to the pool.

@@ -1,0 +1,51 @@
+"""What a proxy on the embedded default loads: the PostgreSQL driver (asyncpg, about 5 MB of a
+sidecar's idle memory: issue 13's idle-RSS figure) stays out of a process whose ledger is SQLite.
+Checked in a fresh interpreter that builds the application, opens its SQLite ledger and writes one
+call's two entries, as `interlock serve` does. (SQLAlchemy's PostgreSQL dialect module is loaded
+by the ledger's table definitions; it does not load the driver.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+_PROGRAM = textwrap.dedent(
+    """
+    import asyncio, sys
+    from ledger import ClaimRequest, LedgerStore
+    from policies.config import parse_config_text
+    from proxy.app import create_app
+    import proxy.ops.cli  # noqa: F401 - what `interlock serve` imports
+
+    config = parse_config_text('''
+    listen: "127.0.0.1:1"
+    ledger: {url: "sqlite:///%s/ledger.db", durability: full}
+    upstreams:
+      up: {mcp: "http://127.0.0.1:9/mcp"}
+    ''')
+
+    async def main():
+        create_app(config)
+        store = await LedgerStore.open(config.ledger, owner="footprint")
+        try:  # one side-effecting call's two writes, through the writer as the proxy makes them
+            request = ClaimRequest("t", "up", "send", "k-1", "explicit", "f" * 64)
+            entry = (await store.claim(request)).entry
+            await store.finish(entry.id, entry.fencing_token, state="succeeded", outcome=b"ok")
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+    print(",".join(sorted(m for m in sys.modules if m.split(".")[0] == "asyncpg")))
+    """
+)
+
+
+def test_a_sqlite_proxy_never_loads_the_postgresql_driver(tmp_path: Path) -> None:
+    program = _PROGRAM % tmp_path
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "", f"loaded for a SQLite ledger: {done.stdout.strip()}"
