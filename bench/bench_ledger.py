@@ -1,4 +1,4 @@
-"""Ledger write throughput: begin (claim) + finish pairs per second.
+"""Ledger write throughput: begin (claim) + finish pairs per second, and the floor under a pair.
 
 Each writer claims a fresh key, then finishes it with a small outcome, as fast as it can, for a
 fixed time. Configurations: SQLite with `synchronous=FULL` and one commit per write (the
@@ -32,6 +32,7 @@ import asyncpg
 from sqlalchemy.engine import make_url
 
 from bench.common import Table
+from bench.ledger_floor import measure_floor
 from ledger import ClaimRequest, LedgerStore, LedgerUnavailable
 from policies.model import LedgerSettings
 
@@ -210,11 +211,20 @@ async def _run(seconds: float) -> list[Table]:
                 f"{at64.mean_batch:.1f} ops" if isinstance(at64, _Result) else "-",
             ]
         )
+    with tempfile.TemporaryDirectory(prefix="bench-ledger-floor-") as tmp:
+        for floor in await measure_floor(Path(tmp), seconds):
+            table.rows.append(
+                [floor.label, f"{floor.pairs_per_s:,.0f}", "-", "-", "-",
+                 f"{floor.cpu_us_per_pair:,.0f} µs", "-", "-"]
+            )  # fmt: skip
     table.note = (
         "Ratios against one commit per write (max_batch=1) on the same backend, measured in this "
         "run. CPU per pair: this process (the writer and the 64 calling tasks), + the local "
         "PostgreSQL server's; a bare aiohttp pass-through costs about 500-1,000 µs per call. "
-        f"{seconds:g} s per cell; a fresh SQLite file per cell, one temporary PostgreSQL database."
+        f"{seconds:g} s per cell; a fresh SQLite file per cell, one temporary PostgreSQL database. "
+        "The two floor rows (bench/ledger_floor.py) run the same two commits as bare SQL on the "
+        "ledger's own schema, one caller at a time: what is left of a 1-writer pair without the "
+        "ledger's logic, in the caller's thread and through the writer thread the ledger uses."
     )
     return [table]
 
