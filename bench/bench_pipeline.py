@@ -1,0 +1,165 @@
+"""The `tools/call` pipeline alone: CPU per call in-process, with an upstream that answers at once.
+
+`bench_mcp` measures whole processes, where the kernel, the sockets and the HTTP server are most of
+a call's CPU. This isolates what the pipeline itself adds (classification, admission, the server
+span, the ledger's claim and outcome for a side-effecting call): the application is built by
+`proxy.app.create_app` on a SQLite ledger at `durability: full` (opened as `interlock serve` opens
+it), and `handle_tools_call` is called directly with a `send_upstream` that returns a result at
+once; on the event loop `serve` runs (uvloop where installed), telemetry configured off as in
+the benchmarks of whole processes. Reported: this process's CPU per call (`time.process_time`:
+the event loop and the ledger's writer thread) at concurrency 1 and 32, and the event loop's own
+share (`time.thread_time` of the loop's thread), beside the ledger's floor (`bench.ledger_floor`:
+the same two commits as bare SQL through the writer thread) measured in the same run. Per-call
+work that grew with the number in flight would show as a c=32 figure above the c=1 one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from bench.common import Table
+from bench.ledger_floor import measure_floor
+from policies.config import parse_config_text
+from policies.model import Config, TelemetrySettings
+from proxy.app import create_app
+from proxy.mcp.pipeline.tools_call import McpCallContext, handle_tools_call
+from proxy.ops.cli import loop_factory
+from proxy.runtime.client_gone import ClientGone
+from proxy.state import CONFIG
+from proxy.telemetry.sdk import configure_telemetry
+
+__all__ = ["run"]
+
+_MODERN = "2026-07-28"
+_HEADERS = CIMultiDictProxy(
+    CIMultiDict(
+        {
+            "Accept": "application/json, text/event-stream",
+            "Content-Type": "application/json",
+            "MCP-Protocol-Version": _MODERN,
+            "Mcp-Method": "tools/call",
+        }
+    )
+)
+_RESULT = {"content": [{"type": "text", "text": "ok"}], "isError": False}
+_KINDS = {"read-only": "search_docs", "side-effecting": "send_email"}
+
+
+def _config(folder: Path) -> Config:
+    return parse_config_text(
+        f"""
+        listen: "127.0.0.1:1"
+        ledger: {{url: "sqlite:///{folder}/ledger.db", durability: full}}
+        telemetry: {{enabled: false}}
+        limits:
+          global: {{max_running: 256, max_pending: 1024}}
+          tenant: {{max_running: 64, max_pending: 256}}
+        upstreams:
+          up: {{mcp: "http://127.0.0.1:9/mcp", timeout_s: 30}}
+        tools:
+          - {{match: "up/send_email", side_effect: true}}
+          - {{match: "up/search_docs", side_effect: false}}
+        """
+    )
+
+
+async def _answer(request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    del timeout_s
+    return {"jsonrpc": "2.0", "id": request["id"], "result": _RESULT}
+
+
+async def _notify(note: dict[str, Any]) -> None:
+    del note
+
+
+def _caller(app: web.Application, kind: str) -> Callable[[], Awaitable[None]]:
+    upstream = app[CONFIG].upstreams["up"]
+    numbers = itertools.count(1)
+    tool = _KINDS[kind]
+
+    async def call() -> None:
+        n = next(numbers)
+        arguments = {"query": "backpressure"} if kind == "read-only" else {"subject": f"s{n}"}
+        request = {
+            "jsonrpc": "2.0",
+            "id": n,
+            "method": "tools/call",
+            "params": {"name": tool, "arguments": arguments, "_meta": {}},
+        }
+        ctx = McpCallContext(
+            app, upstream, headers=_HEADERS, protocol_version=_MODERN, client_gone=ClientGone()
+        )
+        response = await handle_tools_call(ctx, request, _answer, _notify)
+        if "result" not in response:
+            raise RuntimeError(f"the pipeline refused a benchmark call: {response}")
+
+    return call
+
+
+async def _drive(call: Callable[[], Awaitable[None]], calls: int, concurrency: int) -> None:
+    remaining = iter(range(calls))
+
+    async def worker() -> None:
+        for _ in remaining:
+            await call()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def _measure(quick: bool) -> tuple[dict[tuple[str, int], tuple[float, float]], float]:
+    calls = {"read-only": 2000 if quick else 20000, "side-effecting": 500 if quick else 4000}
+    results: dict[tuple[str, int], tuple[float, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
+        app = create_app(_config(Path(tmp)))
+        runner = web.AppRunner(app)
+        await runner.setup()  # opens the ledger, as `interlock serve` does
+        try:
+            for kind, count in calls.items():
+                call = _caller(app, kind)
+                for concurrency in (1, 32):
+                    await _drive(call, max(200, count // 10), concurrency)  # warm-up
+                    cpu, loop_cpu = time.process_time(), time.thread_time()
+                    await _drive(call, count, concurrency)
+                    cpu = time.process_time() - cpu
+                    loop_cpu = time.thread_time() - loop_cpu
+                    results[kind, concurrency] = (cpu / count * 1e6, loop_cpu / count * 1e6)
+        finally:
+            await runner.cleanup()
+        floors = await measure_floor(Path(tmp), 0.5 if quick else 2.0)
+    return results, floors[-1].cpu_us_per_pair
+
+
+def run(quick: bool = False) -> list[Table]:
+    """CPU per `tools/call` through the pipeline alone, read-only and side-effecting."""
+    config_telemetry = configure_telemetry(TelemetrySettings(), enabled=False)  # as `serve` does
+    try:
+        with asyncio.Runner(loop_factory=loop_factory("auto")) as runner:  # uvloop, as `serve`
+            results, floor = runner.run(_measure(quick))
+    finally:
+        config_telemetry.shutdown()
+    table = Table(
+        title="tools/call pipeline alone: CPU per call in-process (upstream answers at once)",
+        columns=["call", "concurrency", "CPU µs/call", "event loop's share µs", "c=32 vs c=1"],
+    )
+    for kind in _KINDS:
+        for concurrency in (1, 32):
+            cpu, loop_cpu = results[kind, concurrency]
+            ratio = "" if concurrency == 1 else f"{cpu / results[kind, 1][0]:.2f}×"
+            table.rows.append([kind, str(concurrency), f"{cpu:.0f}", f"{loop_cpu:.0f}", ratio])
+    table.note = (
+        "SQLite ledger at durability full; CPU is this process's (the event loop and the ledger's "
+        "writer thread). The floor under a side-effecting call's two durable commits, as bare "
+        f"SQL through the writer thread one at a time, measured in this run: {floor:.0f} µs. "
+        "A read-only call is classification, admission and the server span; a side-effecting one "
+        "adds its key, the write-ahead claim and the recorded outcome."
+    )
+    return [table]
