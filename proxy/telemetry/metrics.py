@@ -15,16 +15,23 @@ Prometheus names (dots become underscores; counters get `_total`, seconds get `_
 
 from __future__ import annotations
 
-import bisect
-import operator
-import threading
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 
 from opentelemetry import metrics
-from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
+from opentelemetry.metrics import Meter, MeterProvider
 
 from proxy.telemetry import labels
+from proxy.telemetry.instruments import Histogram, Sums
+from proxy.telemetry.state_gauges import (
+    LEDGER_STATES,
+    StateReading,
+    StateSource,
+    add_state_source,
+    ledger_entries,
+    observe,
+    per_scope,
+    per_upstream,
+)
 
 __all__ = [
     "LEDGER_STATES",
@@ -49,8 +56,6 @@ __all__ = [
 ]
 
 _SCOPE = "interlock"
-LEDGER_STATES = ("accepted", "running", "unknown", "blocked", "succeeded", "failed", "rejected")
-"""Always exported (0 when empty) so alerts and dashboards never see a missing series."""
 
 # Latency buckets in seconds (the OTel default buckets are meant for milliseconds).
 _SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -58,151 +63,12 @@ _SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _MCP_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 
 
-@dataclass(frozen=True, slots=True)
-class StateReading:
-    """Current state of one application, as the scrape-time gauges report it.
-
-    Scope names are the scheduler's (e.g. "global", "tenant:acme", "upstream:mail").
-    `ledger_entries` is None when the ledger could not be read (the gauge then reports nothing
-    rather than a wrong zero); `ledger_up` is 0 in that case.
-    """
-
-    queue_depth: Mapping[str, int] = field(default_factory=dict)
-    oldest_wait_s: Mapping[str, float] = field(default_factory=dict)
-    running: Mapping[str, int] = field(default_factory=dict)
-    cooldown_remaining_s: Mapping[str, float] = field(default_factory=dict)
-    ledger_entries: Mapping[str, int] | None = None
-    ledger_oldest_unknown_s: float | None = None
-    ledger_oldest_accepted_s: float | None = None
-    ledger_up: bool = True
-
-
-StateSource = Callable[[], StateReading]
-_sources: list[StateSource] = []
-_sources_lock = threading.Lock()
-
-
-def add_state_source(source: StateSource) -> Callable[[], None]:
-    """Report `source()` in the state gauges at every scrape; returns the function to remove it."""
-    with _sources_lock:
-        _sources.append(source)
-
-    def remove() -> None:
-        with _sources_lock:
-            if source in _sources:
-                _sources.remove(source)
-
-    return remove
-
-
-def _readings() -> list[StateReading]:
-    with _sources_lock:
-        sources = list(_sources)
-    return [source() for source in sources]
-
-
-def _observe(
-    pick: Callable[[StateReading], Iterable[tuple[Mapping[str, str], float]]],
-) -> Callable[[CallbackOptions], Iterable[Observation]]:
-    def callback(_options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(value, dict(attrs)) for r in _readings() for attrs, value in pick(r)]
-
-    return callback
-
-
-def _per_scope(
-    values: Mapping[str, float], combine: Callable[[float, float], float] = operator.add
-) -> list[tuple[Mapping[str, str], float]]:
-    return labels.folded("scope", values, labels.scope, combine)
-
-
-def _per_upstream(values: Mapping[str, float]) -> list[tuple[Mapping[str, str], float]]:
-    return labels.folded("upstream", values, lambda name: labels.bounded("upstream", name), max)
-
-
-def _ledger_entries(r: StateReading) -> list[tuple[Mapping[str, str], float]]:
-    if r.ledger_entries is None:
-        return []
-    counts = dict.fromkeys(LEDGER_STATES, 0) | dict(r.ledger_entries)
-    return [({"state": state}, value) for state, value in counts.items()]
-
-
-class _Sums:
-    """A counter kept as plain sums on the call path, reported to OTel at collection.
-
-    Adding to an OTel SDK counter costs several microseconds per call (attribute copies, hashing,
-    locks); adding to a dict costs a fraction of one. The totals are cumulative, so the observable
-    counter that reports them exports exactly what a synchronous counter would have.
-    """
-
-    __slots__ = ("_lock", "_totals")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._totals: dict[tuple[tuple[str, str], ...], float] = {}
-
-    def add(self, value: float, attributes: Mapping[str, str]) -> None:
-        key = tuple(attributes.items())
-        with self._lock:
-            self._totals[key] = self._totals.get(key, 0) + value
-
-    def observe(self, _options: CallbackOptions) -> Iterable[Observation]:
-        with self._lock:
-            totals = list(self._totals.items())
-        return [Observation(total, dict(key)) for key, total in totals]
-
-
-class Histogram:
-    """A histogram kept as bucket counts on the call path, rendered by the Prometheus reader's
-    registry at scrape time (`proxy.telemetry.sdk` registers the collector).
-
-    Recording into an OTel SDK histogram costs about 4 us per value (a measurement object,
-    attribute hashing, view matching, two locks); a bisect and two additions under one lock cost
-    a tenth of that, and the proxy records two or three per call. Buckets are cumulative, with
-    inclusive upper bounds and a last `+Inf` bucket, exactly as the SDK's explicit-bucket
-    aggregation exports them. `name` is the Prometheus family name (unit suffix included).
-    """
-
-    __slots__ = ("_lock", "_series", "bounds", "description", "name")
-
-    def __init__(self, name: str, description: str, bounds: tuple[float, ...]) -> None:
-        self.name = name
-        self.description = description
-        self.bounds = bounds
-        self._lock = threading.Lock()
-        self._series: dict[tuple[tuple[str, str], ...], list[float]] = {}
-
-    def record(self, value: float, attributes: Mapping[str, str]) -> None:
-        key = tuple(attributes.items())
-        index = bisect.bisect_left(self.bounds, value)
-        with self._lock:
-            series = self._series.get(key)
-            if series is None:
-                # one count per bound, the +Inf count, then the sum
-                series = self._series[key] = [0] * (len(self.bounds) + 2)
-            series[index] += 1
-            series[-1] += value
-
-    def series(self) -> list[tuple[dict[str, str], list[int], float]]:
-        """Every label set's (labels, cumulative bucket counts ending with +Inf, sum)."""
-        with self._lock:
-            copied = [(key, list(values)) for key, values in self._series.items()]
-        out: list[tuple[dict[str, str], list[int], float]] = []
-        for key, values in copied:
-            cumulative, running = [], 0
-            for count in values[:-1]:
-                running += int(count)
-                cumulative.append(running)
-            out.append((dict(key), cumulative, values[-1]))
-        return out
-
-
 class _Instruments:
     """Every instrument of one meter; rebuilt when the meter provider is rebound."""
 
     def __init__(self, meter: Meter) -> None:
-        def c(name: str, unit: str, description: str) -> _Sums:
-            sums = _Sums()
+        def c(name: str, unit: str, description: str) -> Sums:
+            sums = Sums()
             meter.create_observable_counter(name, [sums.observe], unit, description)
             return sums
 
@@ -250,27 +116,27 @@ class _Instruments:
         g = meter.create_observable_gauge
         g(
             "interlock.queue.depth",
-            [_observe(lambda r: _per_scope(r.queue_depth))],
+            [observe(lambda r: per_scope(r.queue_depth))],
             "{call}",
             "Calls waiting for admission, per scope",
         )
         g(
             "interlock.queue.oldest_wait",
-            [_observe(lambda r: _per_scope(r.oldest_wait_s, max))],
+            [observe(lambda r: per_scope(r.oldest_wait_s, max))],
             "s",
             "Age of the oldest call waiting for admission, per scope",
         )
         g(
             "interlock.running",
-            [_observe(lambda r: _per_scope(r.running))],
+            [observe(lambda r: per_scope(r.running))],
             "{call}",
             "Calls admitted and not finished, per scope",
         )
         g(
             "interlock.upstream.cooldown_active",
             [
-                _observe(
-                    lambda r: _per_upstream(
+                observe(
+                    lambda r: per_upstream(
                         {u: float(s > 0) for u, s in r.cooldown_remaining_s.items()}
                     )
                 )
@@ -280,20 +146,20 @@ class _Instruments:
         )
         g(
             "interlock.upstream.cooldown_remaining",
-            [_observe(lambda r: _per_upstream(r.cooldown_remaining_s))],
+            [observe(lambda r: per_upstream(r.cooldown_remaining_s))],
             "s",
             "Seconds left in the upstream's cooldown",
         )
         g(
             "interlock.ledger.entries",
-            [_observe(_ledger_entries)],
+            [observe(ledger_entries)],
             "{entry}",
             "Ledger entries by state, read from the ledger",
         )
         g(
             "interlock.ledger.oldest_unknown_age",
             [
-                _observe(
+                observe(
                     lambda r: (
                         []
                         if r.ledger_oldest_unknown_s is None
@@ -307,7 +173,7 @@ class _Instruments:
         g(
             "interlock.ledger.oldest_accepted_age",
             [
-                _observe(
+                observe(
                     lambda r: (
                         []
                         if r.ledger_oldest_accepted_s is None
@@ -321,7 +187,7 @@ class _Instruments:
         )
         g(
             "interlock.ledger.up",
-            [_observe(lambda r: [({}, float(r.ledger_up))])],
+            [observe(lambda r: [({}, float(r.ledger_up))])],
             "1",
             "1 when the ledger could be read at the last refresh",
         )
