@@ -12,7 +12,7 @@ from typing import Literal
 
 from ledger.batch import Needs, OpContext, WorkingSet, stored_outcome
 from ledger.deferred_ops import INPUT_REQUIRED, _bump, waits_for_input
-from ledger.operations import _get, _owned_running, _set_aside
+from ledger.entry_rules import get_row, owned_running, set_aside
 from ledger.states import EntryState
 from ledger.views import EntryView
 
@@ -48,13 +48,13 @@ class AwaitInput:
     def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView:
         report = {"op": "await_input"}
         why = "only running deferred work waits for input"
-        row = _owned_running(
+        row = owned_running(
             ws, ctx, self.entry_id, self.token, report, _S.REJECTED, why, with_request=True
         )
         row.outcome, row.outcome_hash, row.outcome_retained = stored_outcome(
             self.question, self.max_bytes
         )
-        _set_aside(ws, row, ctx, reason=INPUT_REQUIRED, retry_after_s=None)
+        set_aside(ws, row, ctx, reason=INPUT_REQUIRED, retry_after_s=None)
         return row.view()
 
 
@@ -73,7 +73,7 @@ class ProvideInput:
         needs.ids.add(self.entry_id)
 
     def apply(self, ws: WorkingSet, ctx: OpContext) -> InputResult:
-        row = _get(ws, self.entry_id)
+        row = get_row(ws, self.entry_id)
         if not waits_for_input(row) or row.fencing_token != self.token:
             return InputResult("not_waiting", row.view())
         row.state = _S.ACCEPTED

@@ -18,16 +18,16 @@ from typing import Literal
 
 from ledger.batch import EntryRow, Needs, OpContext, WorkingSet
 from ledger.deferred_queries import AcceptedCounts, ClaimableRows
-from ledger.operations import (
-    Finish,
-    _begin_lease,
-    _current_row,
-    _declare_key,
-    _get,
-    _new_row,
-    _owned_running,
-    _set_aside,
+from ledger.entry_rules import (
+    begin_lease,
+    current_row,
+    declare_key,
+    get_row,
+    new_row,
+    owned_running,
+    set_aside,
 )
+from ledger.operations import Finish
 from ledger.states import NEEDS_RECONCILIATION, TERMINAL, EntryState
 from ledger.views import ClaimRequest, EntryView, Outcome
 
@@ -115,7 +115,7 @@ class Defer:
     max_per_upstream: int
 
     def declare(self, needs: Needs) -> None:
-        _declare_key(needs, self.req)
+        declare_key(needs, self.req)
         AcceptedCounts.of(needs).add(self.req.tenant, self.req.upstream)
 
     def _full(self, ws: WorkingSet) -> str | None:
@@ -126,7 +126,7 @@ class Defer:
         return None
 
     def apply(self, ws: WorkingSet, ctx: OpContext) -> DeferResult:
-        row = _current_row(ws, self.req, ctx)
+        row = current_row(ws, self.req, ctx)
         if row is not None:
             settled = self._settled(row)
             if settled is not None:
@@ -134,7 +134,7 @@ class Defer:
         if (scope := self._full(ws)) is not None:
             return DeferResult("full", None, scope)
         if row is None:
-            row = _new_row(self.req, ctx, _S.ACCEPTED)
+            row = new_row(self.req, ctx, _S.ACCEPTED)
             self._attach(row, ctx, new_task=True)
             ws.insert(row)
             ws.record(row, None, at=ctx.now, actor=ctx.owner, reason="deferred")
@@ -190,7 +190,7 @@ class ClaimDeferred:
         row = ws.rows.get(self.entry_id)
         if row is None or row.state != _S.ACCEPTED or row.request is None:
             return None
-        _begin_lease(row, ctx)  # its work class, run and trace are the ones `Defer` kept
+        begin_lease(row, ctx)  # its work class, run and trace are the ones `Defer` kept
         ws.touch(row, ctx.now)
         ws.record(row, _S.ACCEPTED, at=ctx.now, actor=ctx.owner, reason="claimed_deferred")
         return row.view()
@@ -214,10 +214,10 @@ class Requeue:
     def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView:
         report = {"op": "requeue", "reason": self.reason}
         why = "only running deferred work is put back in line"
-        row = _owned_running(
+        row = owned_running(
             ws, ctx, self.entry_id, self.token, report, _S.ACCEPTED, why, with_request=True
         )
-        _set_aside(
+        set_aside(
             ws,
             row,
             ctx,
@@ -270,7 +270,7 @@ class CancelDeferred:
         needs.ids.add(self.entry_id)
 
     def apply(self, ws: WorkingSet, ctx: OpContext) -> CancelResult:
-        row = _get(ws, self.entry_id)
+        row = get_row(ws, self.entry_id)
         state = _S(row.state)
         if waits_for_input(row):
             row.request = None
@@ -308,7 +308,7 @@ class NoteUpstreamTask:
         needs.ids.add(self.entry_id)
 
     def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView:
-        row = _get(ws, self.entry_id)
+        row = get_row(ws, self.entry_id)
         row.task_id = self.task_id
         ws.touch(row, ctx.now)
         evidence = {"task_id": self.task_id}

@@ -9,8 +9,9 @@ from datetime import timedelta
 from typing import Literal
 
 from ledger.batch import EntryRow, Needs, OpContext, WorkingSet
+from ledger.entry_rules import expire_if_lapsed, get_row
 from ledger.errors import IllegalTransition
-from ledger.operations import DEFAULT_MAX_ATTEMPTS, _expire_if_lapsed, _get
+from ledger.operations import DEFAULT_MAX_ATTEMPTS
 from ledger.states import NEEDS_RECONCILIATION, TERMINAL, EntryState, check_transition
 from ledger.views import EntryView
 
@@ -39,7 +40,7 @@ class Resolve:
         needs.ids.add(self.entry_id)
 
     def apply(self, ws: WorkingSet, ctx: OpContext) -> EntryView:
-        row = _get(ws, self.entry_id)
+        row = get_row(ws, self.entry_id)
         before = _S(row.state)
         evidence: dict[str, object] = {"note": self.note, "attempt": row.attempt}
         if self.as_ == "retry":
@@ -112,7 +113,7 @@ class Sweep:
         swept = 0
         for entry_id in ws.expired[: self.limit]:
             # skipped when an earlier operation of this batch renewed or finished it
-            if _expire_if_lapsed(ws, ws.rows[entry_id], ctx, actor=f"sweeper:{ctx.owner}"):
+            if expire_if_lapsed(ws, ws.rows[entry_id], ctx, actor=f"sweeper:{ctx.owner}"):
                 swept += 1
         return swept
 

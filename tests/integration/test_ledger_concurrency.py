@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from ledger import ClaimResult, EntryState, LedgerStore
 from ledger.batch import OpContext
 from ledger.db import open_engines
-from ledger.operations import _new_row, _start_attempt
+from ledger.entry_rules import new_row, start_attempt
 from ledger.queries import ENTRIES
 from policies.model import LedgerSettings
 from tests import ledger_fixtures
@@ -195,8 +195,8 @@ async def test_claim_that_loses_the_insert_race_sees_the_winner(
     engines = open_engines(ledger_settings)
     ctx = OpContext(ledger_fixtures.FakeClock()(), "other-replica", 30, 64, 64)
     req = claim_request("k")
-    winner = _new_row(req, ctx, EntryState.RUNNING)
-    _start_attempt(winner, req, ctx)
+    winner = new_row(req, ctx, EntryState.RUNNING)
+    start_attempt(winner, req, ctx)
     try:
         async with engines.write.connect() as conn:
             transaction = await conn.begin()
