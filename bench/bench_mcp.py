@@ -330,7 +330,22 @@ def _verdicts(results: dict[Cell, Result]) -> str:
         if low is not None and high is not None:
             verdict = "meets" if high <= low * 1.1 else "misses"
             said.append(f"{kind} c=32/c=1: {high / low:.2f} ({verdict} ≤1, ±10% noise)")
+        said += _room(results, kind, goal)
     return "; ".join(said)
+
+
+def _room(results: dict[Cell, Result], kind: str, goal: float) -> list[str]:
+    """What the goal leaves the pipeline once the transport alone is paid (transport rows only
+    in full runs): the goal's CPU per call minus the transport's, in this run."""
+    said = []
+    for n in (1, 32):
+        bare = results[("bare", kind, n)].cpu_per_call_us
+        transport = results.get(("transport", kind, n))
+        spent = transport.cpu_per_call_us if transport is not None else None
+        if bare and spent is not None:
+            room = goal * bare - spent
+            said.append(f"{kind}@{n}: the goal leaves {room:.0f} µs for the pipeline")
+    return said
 
 
 def run(quick: bool = False) -> list[Table]:
