@@ -32,9 +32,11 @@ async def retry_finish(
     *,
     entry_id: str,
     until: float,
+    failed: LedgerUnavailable | None = None,
 ) -> EntryView:
     """Run `attempt` until it commits, retrying `LedgerUnavailable` with jittered backoff until
-    the event loop's time passes `until`.
+    the event loop's time passes `until`. With `failed`, a first try was made already and failed
+    so: the retries start from there.
 
     `landed` says whether an earlier try did commit after all (the entry is finished under the
     same token); it is asked only when a retry is refused as an illegal transition.
@@ -47,6 +49,9 @@ async def retry_finish(
     tries = 0
     while True:
         try:
+            if failed is not None:
+                first, failed = failed, None
+                raise first
             return await attempt()
         except LedgerUnavailable as error:
             tries += 1
@@ -82,39 +87,68 @@ async def _landed_quietly(landed: Callable[[], Awaitable[EntryView | None]]) -> 
 
 
 class BackgroundFinishes:
-    """The finishes still being retried, held so that none is garbage-collected mid-flight and
-    the store can let them land before it closes."""
+    """The finishes not yet landed, held so that none is garbage-collected mid-flight and the
+    store can let them land before it closes."""
 
     def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[EntryView]] = set()
+        self._pending: dict[asyncio.Future[EntryView], str] = {}  # each with its name for logs
 
-    def start(
+    def start_after(
         self,
+        first: asyncio.Future[EntryView],
         attempt: Callable[[], Awaitable[EntryView]],
         landed: Callable[[], Awaitable[EntryView | None]],
         *,
         entry_id: str,
         until: float,
-    ) -> asyncio.Task[EntryView]:
-        """`retry_finish` in a task of its own."""
-        task = asyncio.create_task(
-            retry_finish(attempt, landed, entry_id=entry_id, until=until),
-            name=f"ledger-finish-{entry_id}",
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._forget)
-        return task
+    ) -> asyncio.Future[EntryView]:
+        """The finish whose first try is `first` (already handed to the writer): it settles as
+        that try does, unless the try failed for want of the ledger; then `retry_finish` goes on
+        from there in a task of its own and the finish settles as that does.
 
-    def _forget(self, task: asyncio.Task[EntryView]) -> None:
-        self._tasks.discard(task)
+        A finish that lands at once (nearly all) costs no task: only `first` and this future.
+        """
+        finished: asyncio.Future[EntryView] = asyncio.get_running_loop().create_future()
+
+        def settle(source: asyncio.Future[EntryView]) -> None:
+            if finished.done():
+                return
+            if source.cancelled():
+                finished.cancel()
+            elif (error := source.exception()) is not None:
+                finished.set_exception(error)
+            else:
+                finished.set_result(source.result())
+
+        def first_done(tried: asyncio.Future[EntryView]) -> None:
+            error = None if tried.cancelled() else tried.exception()
+            if not isinstance(error, LedgerUnavailable):
+                settle(tried)
+                return
+            retrying = retry_finish(attempt, landed, entry_id=entry_id, until=until, failed=error)
+            task = asyncio.create_task(retrying, name=f"ledger-finish-{entry_id}")
+            self._hold(task, task.get_name())
+            task.add_done_callback(settle)
+
+        self._hold(finished, f"ledger-finish-{entry_id}")
+        first.add_done_callback(first_done)
+        return finished
+
+    def _hold(self, future: asyncio.Future[EntryView], name: str) -> None:
+        self._pending[future] = name
+        future.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Future[EntryView]) -> None:
+        self._pending.pop(task, None)
         if not task.cancelled():
             task.exception()  # retrieved: a caller that stopped waiting was answered already
 
     async def drain(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for the finishes still retrying; cancel those left."""
-        if not self._tasks:
+        if not self._pending:
             return
-        _done, late = await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        names = dict(self._pending)
+        _done, late = await asyncio.wait(names, timeout=timeout_s)
         for task in late:
-            log.error("%s: cancelled at shutdown before its outcome was recorded", task.get_name())
+            log.error("%s: cancelled at shutdown before its outcome was recorded", names[task])
             task.cancel()

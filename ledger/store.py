@@ -189,25 +189,32 @@ class LedgerStore:
         outcome: Outcome,
         error: str | None = None,
         until: float,
-    ) -> asyncio.Task[EntryView]:
-        """`finish`, retried in a task of its own while the ledger cannot be written, until it
+    ) -> asyncio.Future[EntryView]:
+        """`finish`, retried in the background while the ledger cannot be written, until it
         commits or the event loop's time passes `until` (when the lease would lapse): the caller
         need not wait for it. A finish that never lands is logged at ERROR with the entry id.
 
-        The task's result is the finished entry; it raises what `finish` raises (after the
-        retries, `LedgerUnavailable`). `close()` waits for these tasks, within a bound.
+        The future's result is the finished entry; it raises what `finish` raises (after the
+        retries, `LedgerUnavailable`). `close()` waits for these, within a bound. The first try
+        goes straight to the writer; only a retry takes a task of its own.
         """
         if state not in ("succeeded", "failed"):
             raise ValueError(f"finish state must be succeeded or failed, not {state!r}")
+        op = Finish(entry_id, token, state, outcome, error)
 
         async def attempt() -> EntryView:
-            return await self.finish(entry_id, token, state=state, outcome=outcome, error=error)
+            return await self._writer.submit(op)
 
         async def landed() -> EntryView | None:
             entry, _ = await self.get(entry_id)
             return entry if (entry.state, entry.fencing_token) == (state, token) else None
 
-        return self._finishing.start(attempt, landed, entry_id=entry_id, until=until)
+        try:
+            first = self._writer.enqueue(op)
+        except LedgerUnavailable as closed:  # retried like any other try the ledger refused
+            first = asyncio.get_running_loop().create_future()
+            first.set_exception(closed)
+        return self._finishing.start_after(first, attempt, landed, entry_id=entry_id, until=until)
 
     async def mark_unknown(self, entry_id: str, token: int, *, reason: str) -> EntryView:
         """The owner no longer knows whether the call took effect: running → unknown.

@@ -116,6 +116,18 @@ class GroupCommitWriter:
                 died while `op` waited (a new writer takes the next write).
             LedgerError: the operation itself was refused.
         """
+        return await self.enqueue(op)
+
+    def enqueue(self, op: Operation[T]) -> asyncio.Future[T]:
+        """Queue `op` for the next batch; its future settles as `submit` returns or raises.
+
+        Nobody's cancellation reaches the future (unless its holder cancels it: then the op is
+        skipped if its batch has not begun), so a write that must land does without a task
+        of its own.
+
+        Raises:
+            LedgerUnavailable: the writer is closed.
+        """
         if self._closed:
             raise LedgerUnavailable("the ledger store is closed")
         if self._task.done():
@@ -124,7 +136,7 @@ class GroupCommitWriter:
             self._task = self._start()
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Pending(op, future))
-        return await future
+        return future
 
     @property
     def stats(self) -> WriterStats:

@@ -150,25 +150,27 @@ async def keep_lease(store: LedgerStore, lease: Lease, lease_s: float) -> AsyncI
                 await renewer
 
 
-async def record_finish(
+def record_finish(
     store: LedgerStore,
     lease: Lease,
     *,
     state: Literal["succeeded", "failed"],
     outcome: Outcome,
     error: str | None = None,
-) -> EntryView | None:
+) -> asyncio.Future[EntryView | None]:
     """Record the call's confirmed outcome without holding up its answer: the finish runs in the
     background (`LedgerStore.finish_in_background`, retried while the ledger cannot be written,
-    until the lease would lapse); this waits for it at most `FINISH_WAIT_S`.
+    until the lease would lapse); the returned future waits for it at most `FINISH_WAIT_S`.
 
-    Returns the finished entry, or None when the finish is still being retried.
+    Its result is the finished entry, or None when the finish is still being retried. A future,
+    not a coroutine: `until_written` shields it as it is, and a finish that lands at once costs
+    no task.
 
-    Raises:
+    Raises (from the future):
         StaleToken, IllegalTransition, EntryNotFound: the ledger refused it (as `finish`).
         LedgerUnavailable: it could not be written before the lease lapsed.
     """
-    task = store.finish_in_background(
+    finishing = store.finish_in_background(
         lease.entry_id,
         lease.token,
         state=state,
@@ -176,8 +178,26 @@ async def record_finish(
         error=error,
         until=lease.valid_until,
     )
-    done, _ = await asyncio.wait({task}, timeout=FINISH_WAIT_S)
-    if not done:
-        log.warning("entry %s: answered before its outcome was recorded", lease.entry_id)
-        return None
-    return task.result()
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[EntryView | None] = loop.create_future()
+
+    def landed(finished: asyncio.Future[EntryView]) -> None:
+        late.cancel()
+        if answer.done():
+            return
+        if finished.cancelled():
+            answer.cancel()
+        elif (failure := finished.exception()) is not None:
+            answer.set_exception(failure)
+        else:
+            answer.set_result(finished.result())
+
+    def still_retrying() -> None:
+        if not answer.done():
+            finishing.remove_done_callback(landed)
+            log.warning("entry %s: answered before its outcome was recorded", lease.entry_id)
+            answer.set_result(None)
+
+    late = loop.call_later(FINISH_WAIT_S, still_retrying)
+    finishing.add_done_callback(landed)
+    return answer

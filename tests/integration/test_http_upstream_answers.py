@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from ledger import LedgerStore
+from ledger import db as ledger_db
 from tests.integration import fake_provider
 from tests.integration.fake_provider import FakeProvider, wait_until
 from tests.integration.http_calls import post, settled
 from tests.integration.proxy_harness import running_proxy
+from tests.ledger_fixtures import sqlite_write_lock_in_another_process
 
 provider = fake_provider.provider
 
@@ -100,30 +102,33 @@ async def test_a_queued_streaming_side_effect_answered_in_json_keeps_its_real_an
 
 
 async def test_a_finish_interrupted_by_shutdown_still_lands(
-    provider: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    provider: FakeProvider,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The upstream answered and the outcome is being written when shutdown cancels the call:
-    the finish still commits before the ledger closes (`succeeded`, never left `running`)."""
+    """The upstream answered while the ledger could not be written, and the outcome is still
+    being retried when shutdown begins (grace 0): the ledger comes back as it starts closing and
+    the finish commits before it closes (`succeeded`, never left `running`). Another process
+    holds SQLite's write lock past the busy timeout."""
+    monkeypatch.setattr(ledger_db, "BUSY_TIMEOUT_MS", 200)
     text = config(provider) + "\n        shutdown_grace_s: 0\n"
-    writing, may_write = asyncio.Event(), asyncio.Event()
-    async with running_proxy(text, tmp_path) as proxy:
-        real_finish = proxy.store.finish
-
-        async def slow_finish(*args: Any, **kwargs: Any) -> Any:
-            writing.set()
-            await may_write.wait()  # held until the call has been cancelled
-            return await real_finish(*args, **kwargs)
-
-        monkeypatch.setattr(proxy.store, "finish", slow_finish)
+    provider.action_gate = asyncio.Event()
+    # The lock outlives the proxy: its holder exits only once released, as the ledger closes.
+    async with contextlib.AsyncExitStack() as lock, running_proxy(text, tmp_path) as proxy:
         caller = asyncio.create_task(post(proxy, {"n": 1}, "fin-1", path=ACTIONS))
-        await wait_until(writing.is_set)
+        await wait_until(lambda: provider.executions["fin-1"] == 1)  # claimed and forwarded
+        url = proxy.config.ledger.url
+        release = await lock.enter_async_context(sqlite_write_lock_in_another_process(url))
+        provider.action_gate.set()  # it answers now, while the ledger cannot take the outcome
+        await wait_until(lambda: "outcome not recorded yet" in caplog.text)
         real_close = proxy.store.close
 
-        async def close_while_writing() -> None:
-            may_write.set()  # the finish is still in flight as the ledger starts closing
+        async def close_as_the_ledger_returns() -> None:
+            release()  # the finish is still being retried as the ledger starts closing
             await real_close()
 
-        monkeypatch.setattr(proxy.store, "close", close_while_writing)
+        monkeypatch.setattr(proxy.store, "close", close_as_the_ledger_returns)
     caller.cancel()
     await asyncio.gather(caller, return_exceptions=True)
     store = await LedgerStore.open(proxy.config.ledger, owner="test")

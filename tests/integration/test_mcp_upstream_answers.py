@@ -4,6 +4,7 @@ proxy → real MCPServer, the server behind a gateway that can misbehave)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,13 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from ledger import LedgerStore
+from ledger import db as ledger_db
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import RawMcp
 from tests.integration.mcp_servers import RunningUpstream
 from tests.integration.proxy_harness import running_proxy
 from tests.integration.waiting import wait_until
+from tests.ledger_fixtures import sqlite_write_lock_in_another_process
 
 KEY = "interlock/idempotency-key"
 http = mcp_proxy_harness.http
@@ -183,33 +186,34 @@ async def test_a_modern_outcome_replays_to_a_legacy_client_without_modern_fields
 
 
 async def test_a_finish_interrupted_by_shutdown_still_lands(
-    fresh: RunningUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fresh: RunningUpstream,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The upstream answered and the outcome is being written when shutdown cancels the call
-    (grace 0): the finish still commits before the ledger closes, so the entry is `succeeded`,
-    not left `running` to expire into `unknown`."""
-    grace = config(fresh).replace("lease_s: 5}", "lease_s: 5}\n        shutdown_grace_s: 0")
-    writing, may_write = asyncio.Event(), asyncio.Event()
-    async with running_proxy(grace, tmp_path) as proxy:
-        real_finish = proxy.store.finish
-
-        async def slow_finish(*args: Any, **kwargs: Any) -> Any:
-            writing.set()
-            await may_write.wait()  # held until the call has been cancelled
-            return await real_finish(*args, **kwargs)
-
-        monkeypatch.setattr(proxy.store, "finish", slow_finish)
+    """The upstream answered while the ledger could not be written, and the outcome is still
+    being retried when shutdown begins (grace 0): the ledger comes back as it starts closing,
+    and the finish commits before it closes, so the entry is `succeeded`, not left `running` to
+    expire into `unknown`. (Another process holds SQLite's write lock past the busy timeout.)"""
+    monkeypatch.setattr(ledger_db, "BUSY_TIMEOUT_MS", 200)
+    rule = 'tools:\n          - {match: "up/hold", side_effect: true}'
+    grace = config(fresh, rule).replace("lease_s: 5}", "lease_s: 5}\n        shutdown_grace_s: 0")
+    # The lock outlives the proxy: its holder exits only once released, as the ledger closes.
+    async with contextlib.AsyncExitStack() as lock, running_proxy(grace, tmp_path) as proxy:
         client_call = asyncio.create_task(
-            call_once(proxy.mcp_url("up"), "charge", {"amount": 8}, "fin-1")
+            call_once(proxy.mcp_url("up"), "hold", {"seconds": 1.0, "tag": "f"}, "fin-1")
         )
-        await wait_until(writing.is_set)
+        await wait_until(lambda: fresh.stats()["started"] == ["f"])  # claimed and forwarded
+        url = proxy.config.ledger.url
+        release = await lock.enter_async_context(sqlite_write_lock_in_another_process(url))
+        await wait_until(lambda: "outcome not recorded yet" in caplog.text, 10.0)
         real_close = proxy.store.close
 
-        async def close_while_writing() -> None:
-            may_write.set()  # the finish is still in flight as the ledger starts closing
+        async def close_as_the_ledger_returns() -> None:
+            release()  # the finish is still being retried as the ledger starts closing
             await real_close()
 
-        monkeypatch.setattr(proxy.store, "close", close_while_writing)
+        monkeypatch.setattr(proxy.store, "close", close_as_the_ledger_returns)
     client_call.cancel()
     await asyncio.gather(client_call, return_exceptions=True)
     store = await LedgerStore.open(proxy.config.ledger, owner="test")
@@ -218,7 +222,7 @@ async def test_a_finish_interrupted_by_shutdown_still_lands(
     finally:
         await store.close()
     assert entry.state == "succeeded"
-    assert fresh.stats()["calls"] == {"charge": 1}
+    assert fresh.stats()["calls"] == {"hold": 1}
 
 
 async def call_once(url: str, tool: str, args: dict[str, Any], key: str) -> Any:
