@@ -15,12 +15,14 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from ledger.errors import IllegalTransition, LedgerError, LedgerUnavailable
 from ledger.views import EntryView
 
-__all__ = ["BackgroundFinishes", "retry_finish"]
+__all__ = ["BackgroundFinishes", "retry_finish", "settle_as"]
 
+T = TypeVar("T")
 log = logging.getLogger("interlock.ledger")
 _FIRST_BACKOFF_S = 0.1
 _MAX_BACKOFF_S = 2.0
@@ -86,6 +88,19 @@ async def _landed_quietly(landed: Callable[[], Awaitable[EntryView | None]]) -> 
         return None
 
 
+def settle_as(target: asyncio.Future[T], source: asyncio.Future[Any]) -> None:
+    """Settle `target` as `source` settled (result, exception or cancellation), unless `target`
+    is settled already. `source`'s result must be a `T` (a narrower future does)."""
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif (error := source.exception()) is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(source.result())
+
+
 class BackgroundFinishes:
     """The finishes not yet landed, held so that none is garbage-collected mid-flight and the
     store can let them land before it closes."""
@@ -111,14 +126,7 @@ class BackgroundFinishes:
         finished: asyncio.Future[EntryView] = asyncio.get_running_loop().create_future()
 
         def settle(source: asyncio.Future[EntryView]) -> None:
-            if finished.done():
-                return
-            if source.cancelled():
-                finished.cancel()
-            elif (error := source.exception()) is not None:
-                finished.set_exception(error)
-            else:
-                finished.set_result(source.result())
+            settle_as(finished, source)
 
         def first_done(tried: asyncio.Future[EntryView]) -> None:
             error = None if tried.cancelled() else tried.exception()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ledger import ClaimRequest, ClaimResult, EntryView, LedgerError, LedgerStore, Outcome
+from ledger.finishing import settle_as
 from policies import answers
 from policies.answers import Answer
 
@@ -183,14 +184,7 @@ def record_finish(
 
     def landed(finished: asyncio.Future[EntryView]) -> None:
         late.cancel()
-        if answer.done():
-            return
-        if finished.cancelled():
-            answer.cancel()
-        elif (failure := finished.exception()) is not None:
-            answer.set_exception(failure)
-        else:
-            answer.set_result(finished.result())
+        settle_as(answer, finished)
 
     def still_retrying() -> None:
         if not answer.done():
