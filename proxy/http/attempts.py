@@ -26,7 +26,7 @@ from proxy.http.context import HttpCall
 from proxy.http.downstream import sse_error_event
 from proxy.http.headers import request_headers, response_headers
 from proxy.http.outcomes import KeptBody
-from proxy.http.upstream import HTTP_POOLS, Opened, is_sse, open_upstream, read_chunk
+from proxy.http.upstream import HTTP_POOLS, Opened, open_upstream, read_chunk
 from proxy.http.usage import StreamUsage, usage_from_json
 from proxy.runtime.retries import run_attempts
 from proxy.runtime.scheduler import AdmissionRefused, Slot
@@ -206,7 +206,7 @@ async def relay(call: HttpCall, opened: Opened, *, keep: KeptBody | None = None)
         UpstreamLost, UpstreamTimeout: the upstream's body was cut off or stalled.
     """
     response = opened.response
-    sse = is_sse(opened)
+    sse = opened.response.event_stream
     stream_usage = StreamUsage() if call.policy.costly and sse else None
     usage_body = call.policy.costly and not sse
     if call.downstream.sse_opened_early and not (sse and response.status < 300):

@@ -20,7 +20,7 @@ from policies.classify import Classification
 from policies.keys import KeyDecision
 from policies.model import UpstreamSpec, WorkClass
 from proxy.http.downstream import Downstream
-from proxy.http.upstream import Opened, is_sse
+from proxy.http.upstream import Opened
 from proxy.http.usage import Usage
 from proxy.runtime.scheduler import Slot
 from proxy.telemetry import tracing
@@ -108,7 +108,7 @@ class HttpCall:
     async def fail(self, answer: Answer, opened: Opened) -> web.StreamResponse:
         """End an answer that already started (the upstream broke off mid-body)."""
         self.note_failure(answer)
-        return await self.downstream.fail(answer, event_stream=is_sse(opened))
+        return await self.downstream.fail(answer, event_stream=opened.response.event_stream)
 
     def note_failure(self, answer: Answer) -> None:
         """Trace one of our own answers: `error.type` always, ERROR status when it is a 5xx."""

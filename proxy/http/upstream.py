@@ -21,7 +21,6 @@ __all__ = [
     "HTTP_POOLS",
     "PRESSURE_STATUSES",
     "Opened",
-    "is_sse",
     "open_upstream",
     "read_chunk",
 ]
@@ -38,10 +37,6 @@ class Opened:
 
     response: Response
     first: bytes
-
-
-def is_sse(opened: Opened) -> bool:
-    return opened.response.event_stream
 
 
 async def open_upstream(

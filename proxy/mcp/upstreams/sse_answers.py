@@ -19,11 +19,7 @@ from proxy.mcp.wire.jsonrpc import WireMessage, id_key, read_upstream_message
 from proxy.mcp.wire.sse import SseEvent, SseParser
 from proxy.runtime.http1 import Pool, Response
 
-__all__ = ["SseAnswer", "is_sse"]
-
-
-def is_sse(response: Response) -> bool:
-    return response.event_stream
+__all__ = ["SseAnswer"]
 
 
 class SseAnswer:
@@ -99,7 +95,7 @@ class SseAnswer:
             before = self.last_event_id
             upstream = await send(pool, self._spec, "GET", get_headers)
             try:
-                if upstream.status != 200 or not is_sse(upstream):
+                if upstream.status != 200 or not upstream.event_stream:
                     raise UpstreamLost(
                         f"{self._spec.name}: resuming the event stream was refused "
                         f"(HTTP {upstream.status})"

@@ -35,7 +35,7 @@ from proxy.errors import (
 )
 from proxy.mcp.upstreams.http_pool import named_errors, send
 from proxy.mcp.upstreams.relay import Relay
-from proxy.mcp.upstreams.sse_answers import SseAnswer, is_sse
+from proxy.mcp.upstreams.sse_answers import SseAnswer
 from proxy.mcp.wire.headers import client_response_headers
 from proxy.mcp.wire.jsonrpc import WireMessage, id_key, read_upstream_message
 from proxy.mcp.wire.sse import SSE_HEADERS, SseParser
@@ -106,16 +106,16 @@ async def relay_http(
         if on_start is not None:
             on_start(upstream.status, upstream.headers)
         out_headers = client_response_headers(upstream.headers, keep_encoding=True)
-        tapper = ResponseTap(tap, sse=is_sse(upstream)) if tap is not None else None
+        tapper = ResponseTap(tap, sse=upstream.event_stream) if tap is not None else None
         length = upstream.content_length
-        if not is_sse(upstream) and length is not None and length <= _WHOLE_ANSWER_MAX:
+        if not upstream.event_stream and length is not None and length <= _WHOLE_ANSWER_MAX:
             with named_errors(spec):
                 data = await upstream.read(length)
             if tapper is not None:
                 tapper.feed(data)
                 tapper.close()
             return web.Response(status=upstream.status, body=data, headers=out_headers)
-        if is_sse(upstream):
+        if upstream.event_stream:
             out_headers.update(SSE_HEADERS)
         response = web.StreamResponse(status=upstream.status, headers=out_headers)
         await response.prepare(request)
@@ -211,7 +211,7 @@ async def _exchange(
         if relay_start is not None:
             relay_start(upstream.headers)
         with named_errors(spec):
-            if not is_sse(upstream):
+            if not upstream.event_stream:
                 data = await _read_within(upstream, spec, max_bytes)
                 return _json_answer(spec, data, request_id)
             stream = SseAnswer(spec, request_id, relay, max_bytes=max_bytes)

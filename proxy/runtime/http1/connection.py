@@ -197,6 +197,7 @@ class Response:
         "_read_s",
         "_released",
         "_sending",
+        "event_stream",
         "headers",
         "status",
     )
@@ -211,6 +212,9 @@ class Response:
     ) -> None:
         self.status = head.status
         self.headers: CIMultiDictProxy[str] = head.headers
+        media_type = head.headers.get("Content-Type", "").partition(";")[0]
+        self.event_stream = media_type.strip().lower() == "text/event-stream"
+        """The answer is a server-sent event stream (its media type, in any spelling)."""
         self._connection = connection
         self._head = head
         self._read_s = read_s
@@ -222,12 +226,6 @@ class Response:
             head.framing is Framing.LENGTH and head.length == 0
         )
         self._released = False
-
-    @property
-    def event_stream(self) -> bool:
-        """The answer is a server-sent event stream (its media type, in any spelling)."""
-        media_type = self.headers.get("Content-Type", "").partition(";")[0]
-        return media_type.strip().lower() == "text/event-stream"
 
     @property
     def content_length(self) -> int | None:
