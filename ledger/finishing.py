@@ -49,36 +49,37 @@ async def retry_finish(
     """
     loop = asyncio.get_running_loop()
     tries = 0
+    error = failed
     while True:
-        try:
-            if failed is not None:
-                first, failed = failed, None
-                raise first
-            return await attempt()
-        except LedgerUnavailable as error:
-            tries += 1
-            remaining = until - loop.time()
-            if remaining <= 0:
-                log.error(
-                    "entry %s: outcome NOT recorded after %d tries (%s); its lease lapses and "
-                    "it becomes unknown: reconcile it",
-                    entry_id,
-                    tries,
-                    error,
-                )
+        if error is None:
+            try:
+                return await attempt()
+            except LedgerUnavailable as unavailable:
+                error = unavailable
+            except IllegalTransition:
+                if tries and (entry := await _landed_quietly(landed)) is not None:
+                    return entry
                 raise
-            if tries == 1:
-                log.warning(
-                    "entry %s: outcome not recorded yet (%s); retrying until its lease lapses",
-                    entry_id,
-                    error,
-                )
-            backoff = min(_MAX_BACKOFF_S, _FIRST_BACKOFF_S * 2**tries)
-            await asyncio.sleep(min(remaining, random.uniform(backoff / 2, backoff)))
-        except IllegalTransition:
-            if tries and (entry := await _landed_quietly(landed)) is not None:
-                return entry
-            raise
+        tries += 1
+        remaining = until - loop.time()
+        if remaining <= 0:
+            log.error(
+                "entry %s: outcome NOT recorded after %d tries (%s); its lease lapses and "
+                "it becomes unknown: reconcile it",
+                entry_id,
+                tries,
+                error,
+            )
+            raise error
+        if tries == 1:
+            log.warning(
+                "entry %s: outcome not recorded yet (%s); retrying until its lease lapses",
+                entry_id,
+                error,
+            )
+        backoff = min(_MAX_BACKOFF_S, _FIRST_BACKOFF_S * 2**tries)
+        await asyncio.sleep(min(remaining, random.uniform(backoff / 2, backoff)))
+        error = None
 
 
 async def _landed_quietly(landed: Callable[[], Awaitable[EntryView | None]]) -> EntryView | None:
@@ -134,11 +135,14 @@ class BackgroundFinishes:
                 settle(tried)
                 return
             retrying = retry_finish(attempt, landed, entry_id=entry_id, until=until, failed=error)
-            task = asyncio.create_task(retrying, name=f"ledger-finish-{entry_id}")
-            self._hold(task, task.get_name())
+            task = asyncio.create_task(retrying, name=name)
             task.add_done_callback(settle)
+            # From now on the task stands for this finish (it settles `finished`): one entry each.
+            self._pending.pop(finished, None)
+            self._hold(task, name)
 
-        self._hold(finished, f"ledger-finish-{entry_id}")
+        name = f"ledger-finish-{entry_id}"
+        self._hold(finished, name)
         first.add_done_callback(first_done)
         return finished
 
@@ -152,11 +156,13 @@ class BackgroundFinishes:
             task.exception()  # retrieved: a caller that stopped waiting was answered already
 
     async def drain(self, timeout_s: float) -> None:
-        """Wait up to `timeout_s` for the finishes still retrying; cancel those left."""
+        """Wait up to `timeout_s` for the finishes not yet landed (first tries still queued,
+        retries); cancel those left."""
         if not self._pending:
             return
-        names = dict(self._pending)
-        _done, late = await asyncio.wait(names, timeout=timeout_s)
-        for task in late:
-            log.error("%s: cancelled at shutdown before its outcome was recorded", names[task])
-            task.cancel()
+        await asyncio.wait(set(self._pending), timeout=timeout_s)
+        # what is pending now: a retry that began during the wait stands for its finish
+        for late, name in list(self._pending.items()):
+            if not late.done():
+                log.error("%s: cancelled at shutdown before its outcome was recorded", name)
+                late.cancel()

@@ -209,11 +209,7 @@ class LedgerStore:
             entry, _ = await self.get(entry_id)
             return entry if (entry.state, entry.fencing_token) == (state, token) else None
 
-        try:
-            first = self._writer.enqueue(op)
-        except LedgerUnavailable as closed:  # retried like any other try the ledger refused
-            first = asyncio.get_running_loop().create_future()
-            first.set_exception(closed)
+        first = self._writer.enqueue(op)
         return self._finishing.start_after(first, attempt, landed, entry_id=entry_id, until=until)
 
     async def mark_unknown(self, entry_id: str, token: int, *, reason: str) -> EntryView:

@@ -119,22 +119,21 @@ class GroupCommitWriter:
         return await self.enqueue(op)
 
     def enqueue(self, op: Operation[T]) -> asyncio.Future[T]:
-        """Queue `op` for the next batch; its future settles as `submit` returns or raises.
+        """Queue `op` for the next batch; its future settles as `submit` returns or raises
+        (already failed with `LedgerUnavailable` when the writer is closed).
 
         Nobody's cancellation reaches the future (unless its holder cancels it: then the op is
         skipped if its batch has not begun), so a write that must land does without a task
         of its own.
-
-        Raises:
-            LedgerUnavailable: the writer is closed.
         """
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         if self._closed:
-            raise LedgerUnavailable("the ledger store is closed")
+            future.set_exception(LedgerUnavailable("the ledger store is closed"))
+            return future
         if self._task.done():
             self._restarts += 1
             _log.error("ledger writer restarted (it had stopped)")
             self._task = self._start()
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Pending(op, future))
         return future
 

@@ -15,6 +15,7 @@ from ledger import (
     EntryState,
     IllegalTransition,
     LedgerStore,
+    LedgerUnavailable,
     StaleToken,
 )
 from policies.model import LedgerSettings
@@ -206,6 +207,22 @@ async def test_finish_twice_is_an_illegal_transition(store: LedgerStore) -> None
     await store.finish(claimed.entry.id, 1, state="succeeded", outcome=b"ok")
     with pytest.raises(IllegalTransition):
         await store.finish(claimed.entry.id, 1, state="failed", outcome=None)
+
+
+async def test_a_closed_store_takes_no_write(store: LedgerStore) -> None:
+    """Fail closed: once the store is closed, a claim is refused as unavailable (the call must
+    not be forwarded), and an outcome handed over in the background fails the same way once its
+    retries run out, instead of being left pending."""
+    claimed = await store.claim(claim_request("before-close"))
+    await store.close()
+    with pytest.raises(LedgerUnavailable):
+        await store.claim(claim_request("after-close"))
+    until = asyncio.get_running_loop().time()  # no time left to retry
+    finishing = store.finish_in_background(
+        claimed.entry.id, 1, state="succeeded", outcome=b"ok", until=until
+    )
+    with pytest.raises(LedgerUnavailable):
+        await asyncio.wait_for(finishing, 5.0)
 
 
 async def test_finish_of_unknown_entry_is_not_found(store: LedgerStore) -> None:
