@@ -240,6 +240,20 @@ MUTANTS = (
         why="deferred work that may have acted is put back in line and sent again",
     ),
     Mutant(
+        name="a finish the ledger could not take is not retried",
+        path="ledger/finishing.py",
+        module="ledger.finishing",
+        edits=(
+            (
+                "            if not isinstance(error, LedgerUnavailable):\n"
+                "                settle(tried)",
+                "            if True:\n                settle(tried)",
+            ),
+        ),
+        tests=("tests/integration/test_ledger_finish.py::test_a_finish_that_fails_then_lands",),
+        why="an answered side effect whose outcome met a locked ledger expires into unknown",
+    ),
+    Mutant(
         name="close the ledger under refusal records",
         path="proxy/app.py",
         module="proxy.app",
