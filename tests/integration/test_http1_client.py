@@ -183,6 +183,36 @@ def test_the_last_piece_of_a_sized_answer_is_known_as_the_last(run: Any) -> None
     run(scenario())
 
 
+@pytest.mark.parametrize(
+    ("content_type", "stream"),
+    [
+        (b"text/event-stream", True),
+        (b"Text/Event-Stream; charset=utf-8", True),  # media types are case-insensitive
+        (b" text/event-stream ;charset=utf-8", True),
+        (b"application/json", False),
+        (b"text/event-streams", False),
+        (None, False),
+    ],
+)
+def test_an_event_stream_is_known_by_its_media_type_in_any_spelling(
+    run: Any, content_type: bytes | None, stream: bool
+) -> None:
+    """Both paths relay an answer as events only when the upstream's media type says so: read
+    once from the head, whatever its case or parameters."""
+    typed = b"" if content_type is None else b"Content-Type: " + content_type + b"\r\n"
+    reply = b"HTTP/1.1 200 OK\r\n" + typed + b"Content-Length: 0\r\n\r\n"
+
+    async def scenario() -> None:
+        async with upstream(answers(reply)) as up:
+            pool = Pool(up.url, limit=1)
+            response = await pool.request("GET", up.url, [], None, connect_s=2, read_s=2)
+            assert response.event_stream is stream
+            response.release()
+            await pool.close()
+
+    run(scenario())
+
+
 def test_an_answer_without_a_length_ends_with_the_connection(run: Any) -> None:
     async def scenario() -> None:
         async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
