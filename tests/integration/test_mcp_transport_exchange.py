@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,7 +26,7 @@ from proxy.errors import (
 from proxy.mcp.upstreams.http_pool import HttpUpstreams
 from proxy.mcp.upstreams.stdio import StdioProcess
 from proxy.mcp.upstreams.streamable_http import exchange_http
-from proxy.mcp.wire.jsonrpc import dumps
+from proxy.mcp.wire.jsonrpc import dumps, wire_bytes
 from proxy.mcp.wire.sse import SseParser
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import ENVELOPE, MODERN, http_upstream, stdio_upstream
@@ -246,6 +247,42 @@ async def test_stdio_exchange_rewrites_ids_and_tokens_and_restores_them(shared: 
     ]
     assert [[m["params"]["progress"] for m in r.messages] for r in relays] == [[1, 2], [1, 2, 3]]
     assert all(m["params"]["progressToken"] == 1 for r in relays for m in r.messages)
+
+
+# A JSON-lines server that writes each answer's result before its id (as the TypeScript SDK's
+# servers do) and echoes the id it was sent inside that result.
+_ECHO_FIRST = (
+    "import json, sys\n"
+    "for line in sys.stdin:\n"
+    "    request = json.loads(line)\n"
+    "    answer = {'result': {'seen': request['id']}, 'jsonrpc': '2.0', 'id': request['id']}\n"
+    "    print(json.dumps(answer), flush=True)\n"
+)
+
+
+async def test_a_shared_process_that_echoes_the_minted_id_still_answers_under_the_clients_id():
+    """The minted id is put back in the answer's bytes at its first occurrence; a server that
+    writes its result first and echoes the id there gets that copy replaced, and the bytes the
+    client is sent are then encoded afresh from the message: the client's id, the server's
+    result as it was."""
+    spec = stdio_upstream("echo", command=(sys.executable, "-c", _ECHO_FIRST))
+    process = StdioProcess(spec, shared=True, max_line_bytes=1 << 20)
+    await process.start()
+    try:
+        answer = await process.exchange(
+            _request(7, "anything"), raw=None, relay=Collected(), timeout_s=10
+        )
+    finally:
+        await process.close()
+    minted = answer["result"]["seen"]
+    assert isinstance(minted, str)
+    assert minted.startswith("interlock-")
+    assert json.loads(answer.raw)["result"] == {"seen": 7}  # the echo was replaced, not the id
+    assert json.loads(wire_bytes(answer)) == {
+        "result": {"seen": minted},
+        "jsonrpc": "2.0",
+        "id": 7,
+    }
 
 
 async def test_stdio_timeout_cancels_the_request_in_the_process(shared: StdioProcess):

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
-import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +27,7 @@ from policies.model import UpstreamSpec
 from proxy.errors import UpstreamAnswerTooLarge, UpstreamLost, UpstreamNotReached, UpstreamTimeout
 from proxy.mcp.upstreams.delivery import Backlog, Delivery
 from proxy.mcp.upstreams.relay import Relay
+from proxy.mcp.upstreams.stdio_ids import WireIds, restore
 from proxy.mcp.wire.jsonrpc import (
     JsonObject,
     WireMessage,
@@ -85,8 +84,7 @@ class StdioProcess:
         self._proc: asyncio.subprocess.Process | None = None
         self._pending: dict[str, _Pending] = {}
         self._tokens: dict[str, _Pending] = {}
-        self._prefix = f"interlock-{secrets.token_hex(4)}"
-        self._ids = itertools.count(1)
+        self._wire_ids = WireIds()
         self._unsolicited = Backlog()
         self._unsolicited_ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -195,14 +193,7 @@ class StdioProcess:
             )
             pending = _Pending(future, delivery, original_id, original_id, token, token)
             return pending, line
-        number = next(self._ids)
-        wire_id = f"{self._prefix}-{number}"
-        wire_token = f"{self._prefix}-p{number}" if token is not None else None
-        rewritten = {**message, "id": wire_id}
-        if wire_token is not None:
-            params = dict(message["params"])
-            params["_meta"] = {**params["_meta"], "progressToken": wire_token}
-            rewritten["params"] = params
+        wire_id, wire_token, rewritten = self._wire_ids.mint(message, token)
         pending = _Pending(future, delivery, original_id, wire_id, token, wire_token)
         return pending, dumps(rewritten)
 
@@ -306,9 +297,7 @@ class StdioProcess:
         token = progress_token(message) if message["method"] == "notifications/progress" else None
         pending = self._tokens.get(id_key(token)) if token is not None else None
         if pending is not None:
-            pending.delivery.put(
-                self._restore(message.raw, pending.wire_token, pending.original_token)
-            )
+            pending.delivery.put(restore(message.raw, pending.wire_token, pending.original_token))
             return
         if self.shared:
             log.debug("%s: dropping an unrouted message %s", self.spec.name, message["method"])
@@ -336,20 +325,9 @@ class StdioProcess:
             )
             return
         if self.shared:
-            raw = self._restore(message.raw, pending.wire_id, pending.original_id)
+            raw = restore(message.raw, pending.wire_id, pending.original_id)
             message = WireMessage({**message, "id": pending.original_id}, raw)
         pending.future.set_result(message)
-
-    @staticmethod
-    def _restore(raw: bytes, wire_value: Any, original: Any) -> bytes:
-        """Put the client's id (or token) back in place of the minted one, in the bytes.
-
-        Minted values are unique strings, and a JSON-RPC response names its id before its result,
-        so the first occurrence is the id member.
-        """
-        if wire_value == original:
-            return raw
-        return raw.replace(dumps(wire_value), dumps(original), 1)
 
     async def _read_stderr(self) -> None:
         assert self._proc is not None
