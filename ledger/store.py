@@ -1,7 +1,7 @@
 """`LedgerStore`: the ledger's one interface for the proxy and the CLI.
 
-Writes go through the group-commit writer (one transaction and one fsync per batch); reads use
-their own short connection each. Every method that touches the database raises
+Writes go through the group-commit writer (one transaction and one fsync per batch); reads
+(`ledger.reads`) use their own short connection each. Every method that touches the database raises
 `LedgerUnavailable` when it cannot, so callers fail closed on one exception type.
 
 Times the ledger decides with (leases, their expiry, the dedup window, retention) come from the
@@ -12,16 +12,13 @@ agree on when a lease ends.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from ledger import queries
 from ledger.batch import OpContext, new_entry_id
-from ledger.db import Engines, open_engines, sqlite_file, translate_errors
+from ledger.db import Engines, open_engines, sqlite_file
 from ledger.deferred import DeferredWork
 from ledger.errors import LedgerError, LedgerUnavailable
 from ledger.finishing import BackgroundFinishes
@@ -35,9 +32,9 @@ from ledger.operations import (
     ReleaseUnsent,
     Renew,
 )
+from ledger.reads import LedgerReads
 from ledger.reconcile_ops import Purge, Resolve, Sweep
-from ledger.states import EntryState
-from ledger.views import ClaimRequest, ClaimResult, EntryView, Outcome, TransitionView
+from ledger.views import ClaimRequest, ClaimResult, EntryView, Outcome
 from ledger.writer import GroupCommitWriter, WriterStats
 from policies.model import LedgerSettings
 
@@ -53,7 +50,7 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class LedgerStore:
+class LedgerStore(LedgerReads):
     """The durable side-effect ledger. Open with `await LedgerStore.open(...)`; close when done."""
 
     def __init__(
@@ -316,66 +313,6 @@ class LedgerStore:
             if deleted < batch_size:
                 return total
 
-    # -- reads ------------------------------------------------------------------------------
-
-    async def ping(self) -> None:
-        """Return if the ledger can be read.
-
-        Raises:
-            LedgerUnavailable: it cannot.
-        """
-        async with self._reading("ping") as conn:
-            await queries.ping(conn)
-
-    async def get(self, entry_or_key: str) -> tuple[EntryView, list[TransitionView]]:
-        """An entry (by id, idempotency key, or unique id prefix) and its history.
-
-        Raises:
-            EntryNotFound, AmbiguousReference, LedgerUnavailable.
-        """
-        async with self._reading("read") as conn:
-            row = await queries.find_entry(conn, entry_or_key)
-            history = await queries.history(conn, row.id)
-        return row.view(), history
-
-    async def list_entries(
-        self,
-        *,
-        state: EntryState | str | Sequence[EntryState | str] | None = None,
-        upstream: str | None = None,
-        tenant: str | None = None,
-        since: datetime | None = None,
-        limit: int = 100,
-    ) -> list[EntryView]:
-        """Entries matching every given filter, newest first."""
-        states = [] if state is None else [state] if isinstance(state, str) else list(state)
-        async with self._reading("list") as conn:
-            rows = await queries.list_entries(
-                conn,
-                states=[EntryState(s).value for s in states],
-                upstream=upstream,
-                tenant=tenant,
-                since=since,
-                limit=limit,
-            )
-        return [row.view() for row in rows]
-
-    async def stats(self) -> dict[tuple[str, str], int]:
-        """Entry counts by (state, upstream)."""
-        async with self._reading("stats") as conn:
-            return await queries.stats(conn)
-
-    async def count_by_state(self) -> dict[str, int]:
-        """Entry counts by state; every state is present, zero when empty."""
-        async with self._reading("stats") as conn:
-            counts = await queries.count_by_state(conn)
-        return {state.value: counts.get(state.value, 0) for state in EntryState}
-
-    async def oldest_in_state(self, state: EntryState | str) -> datetime | None:
-        """When the longest-waiting entry in `state` entered it (e.g. the oldest `unknown`)."""
-        async with self._reading("stats") as conn:
-            return await queries.oldest_change(conn, EntryState(state).value)
-
     # -- plumbing ---------------------------------------------------------------------------
 
     @property
@@ -391,12 +328,6 @@ class LedgerStore:
             max_outcome_bytes=self._settings.max_outcome_bytes,
             max_argument_bytes=self._settings.max_argument_bytes,
         )
-
-    @contextlib.asynccontextmanager
-    async def _reading(self, what: str) -> AsyncIterator[AsyncConnection]:
-        with translate_errors(what):
-            async with self._engines.read.connect() as conn:
-                yield conn
 
 
 async def _check_schema(engines: Engines) -> None:

@@ -1,0 +1,90 @@
+"""The ledger's reads for operators and health: an entry and its history, filtered lists, counts.
+
+`LedgerStore` is built on `LedgerReads`: each read takes its own short connection from the read
+engine (never the writer's), and a database that cannot be read raises `LedgerUnavailable`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ledger import queries
+from ledger.db import Engines, translate_errors
+from ledger.states import EntryState
+from ledger.views import EntryView, TransitionView
+
+__all__ = ["LedgerReads"]
+
+
+class LedgerReads:
+    """The read side of `LedgerStore` (its engines are the store's)."""
+
+    _engines: Engines
+
+    async def ping(self) -> None:
+        """Return if the ledger can be read.
+
+        Raises:
+            LedgerUnavailable: it cannot.
+        """
+        async with self._reading("ping") as conn:
+            await queries.ping(conn)
+
+    async def get(self, entry_or_key: str) -> tuple[EntryView, list[TransitionView]]:
+        """An entry (by id, idempotency key, or unique id prefix) and its history.
+
+        Raises:
+            EntryNotFound, AmbiguousReference, LedgerUnavailable.
+        """
+        async with self._reading("read") as conn:
+            row = await queries.find_entry(conn, entry_or_key)
+            history = await queries.history(conn, row.id)
+        return row.view(), history
+
+    async def list_entries(
+        self,
+        *,
+        state: EntryState | str | Sequence[EntryState | str] | None = None,
+        upstream: str | None = None,
+        tenant: str | None = None,
+        since: datetime | None = None,
+        limit: int = 100,
+    ) -> list[EntryView]:
+        """Entries matching every given filter, newest first."""
+        states = [] if state is None else [state] if isinstance(state, str) else list(state)
+        async with self._reading("list") as conn:
+            rows = await queries.list_entries(
+                conn,
+                states=[EntryState(s).value for s in states],
+                upstream=upstream,
+                tenant=tenant,
+                since=since,
+                limit=limit,
+            )
+        return [row.view() for row in rows]
+
+    async def stats(self) -> dict[tuple[str, str], int]:
+        """Entry counts by (state, upstream)."""
+        async with self._reading("stats") as conn:
+            return await queries.stats(conn)
+
+    async def count_by_state(self) -> dict[str, int]:
+        """Entry counts by state; every state is present, zero when empty."""
+        async with self._reading("stats") as conn:
+            counts = await queries.count_by_state(conn)
+        return {state.value: counts.get(state.value, 0) for state in EntryState}
+
+    async def oldest_in_state(self, state: EntryState | str) -> datetime | None:
+        """When the longest-waiting entry in `state` entered it (e.g. the oldest `unknown`)."""
+        async with self._reading("stats") as conn:
+            return await queries.oldest_change(conn, EntryState(state).value)
+
+    @contextlib.asynccontextmanager
+    async def _reading(self, what: str) -> AsyncIterator[AsyncConnection]:
+        with translate_errors(what):
+            async with self._engines.read.connect() as conn:
+                yield conn
