@@ -65,10 +65,7 @@ class LedgerStore(LedgerReads):
         self._settings = settings
         self._owner = owner
         max_batch = _GROUP_COMMIT_MAX_BATCH if settings.group_commit else 1
-        linger_s = settings.commit_linger_ms / 1000 if settings.group_commit else 0.0
-        self._writer = GroupCommitWriter(
-            engines, self._context, max_batch=max_batch, clock=clock, linger_s=linger_s
-        )
+        self._writer = GroupCommitWriter(engines, self._context, max_batch=max_batch, clock=clock)
         self._finishing = BackgroundFinishes()
         self._closed = False
         self.deferred = DeferredWork(self._writer.submit, self._reading)

@@ -7,12 +7,6 @@ commits; only then does it resolve the futures, so a caller never hears "done" b
 is durable. With `max_batch=1` this is one commit per write, the baseline the benchmark compares
 against.
 
-While writes are dense (the last batch held several), a batch waits `linger_s` before it begins,
-so that more share its commit: under load each write then pays a smaller share of a thread hop
-and an fsync, the CPU that sheds or serves other calls. The same idea as PostgreSQL's
-`commit_delay` with `commit_siblings`. While they are sparse (the last batch held fewer than
-`_DENSE_BATCH`), a write is committed at once.
-
 An operation the ledger refuses (stale token, illegal transition) fails only its own caller. A
 failed transaction is rerun as `ledger.faults` classifies it: whole after a transient error (a
 few times, with backoff), in halves when one operation's values were refused (so only that one
@@ -58,7 +52,6 @@ _log = logging.getLogger(__name__)
 _MAX_LOST_RACES = 5  # a batch rerun after losing a key race; each rerun sees more rows
 _TRANSIENT_TRIES = 4  # one try and three reruns after a transient error
 _BACKOFF_S = 0.05  # first backoff; doubled per try, with full jitter
-_DENSE_BATCH = 4  # a batch this large says writes are dense: the next one lingers for company
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +79,7 @@ class GroupCommitWriter:
     """The single writer of one `LedgerStore`.
 
     `clock`, when given, stands in for the database's clock (tests); otherwise each batch reads
-    the time from the database once its transaction holds the write lock. `linger_s`: how long a
-    batch waits for company while writes are dense (see `_run`).
+    the time from the database once its transaction holds the write lock.
     """
 
     def __init__(
@@ -97,7 +89,6 @@ class GroupCommitWriter:
         *,
         max_batch: int,
         clock: Callable[[], datetime] | None = None,
-        linger_s: float = 0.0,
     ) -> None:
         self._max_batch = max_batch
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
@@ -107,8 +98,6 @@ class GroupCommitWriter:
             self._transactions = SQLiteTransactions(engines.write_sync, context, clock)
         else:
             self._transactions = PostgresTransactions(engines.write, context, clock)
-        self._linger_s = linger_s
-        self._last_batch = 0
         self._batches = 0
         self._operations = 0
         self._restarts = 0
@@ -200,10 +189,6 @@ class GroupCommitWriter:
             item = await self._queue.get()
             # Let callers whose previous write just committed enqueue their next one first.
             await asyncio.sleep(0)
-            if item is not None and self._dense():
-                # Writes arrive faster than commits end: gather more of them into this commit
-                # (one thread hop, one fsync), paying at most the linger in latency.
-                await asyncio.sleep(self._linger_s)
             batch: list[_Pending] = []
             while item is not None:
                 if not item.future.cancelled():
@@ -212,18 +197,8 @@ class GroupCommitWriter:
                     break
                 item = self._queue.get_nowait()
             stopping = item is None
-            self._last_batch = len(batch)
             if batch:
                 await self._commit_guarded(batch)
-
-    def _dense(self) -> bool:
-        """Whether to linger: the last batch held several writes (others are on their way while
-        this one waits) and this one is not full yet. A write that comes alone never waits."""
-        return (
-            self._linger_s > 0
-            and self._last_batch >= _DENSE_BATCH
-            and self._queue.qsize() + 1 < self._max_batch
-        )
 
     async def _commit_guarded(self, batch: list[_Pending]) -> None:
         try:

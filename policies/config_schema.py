@@ -64,7 +64,6 @@ class LedgerIn(_Strict):
     max_argument_bytes: PositiveInt = 8192
     group_commit: bool = True
     sweep_interval_s: PositiveFloat = 5.0
-    commit_linger_ms: Annotated[int, Field(ge=0, le=100, strict=True)] = 1
 
 
 class TelemetryIn(_Strict):

@@ -77,10 +77,6 @@ class LedgerSettings:
     max_argument_bytes: int = 8192
     group_commit: bool = True
     sweep_interval_s: float = 5.0
-    commit_linger_ms: int = 1
-    """While writes arrive faster than commits end (the last batch held several), the writer
-    waits this long for more before it commits: fewer fsyncs per write under load, at most this
-    much added to a write's wait. A write that comes alone never waits. 0: never."""
 
 
 @dataclass(frozen=True, slots=True)

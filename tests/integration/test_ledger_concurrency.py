@@ -53,55 +53,6 @@ async def test_group_commit_shares_transactions(ledger_settings: LedgerSettings)
             await store.close()
 
 
-async def _claims_after_a_dense_batch(settings: LedgerSettings, run: str) -> tuple[int, int]:
-    """Eight claims at once (one dense batch), then one claim the writer has already taken and a
-    second that arrives a few loop turns later: the batches those two took, and the entries the
-    ledger then holds."""
-    store = await LedgerStore.open(settings, owner="r")
-    try:
-        await asyncio.gather(*(store.claim(claim_request(f"{run}-dense-{i}")) for i in range(8)))
-        before = store.writer_stats.batches
-        first = asyncio.ensure_future(store.claim(claim_request(f"{run}-first")))
-        for _ in range(5):  # the writer takes "first" and forms its batch meanwhile
-            await asyncio.sleep(0)
-        results = await asyncio.gather(first, store.claim(claim_request(f"{run}-second")))
-        assert {r.kind for r in results} == {"new"}
-        return store.writer_stats.batches - before, len(await store.list_entries())
-    finally:
-        await store.close()
-
-
-async def test_a_write_arriving_while_writes_are_dense_shares_the_waiting_commit(
-    ledger_settings: LedgerSettings,
-) -> None:
-    """After a batch of several writes, the writer lingers (`commit_linger_ms`) before it
-    commits, so a write a moment later shares the commit; with no linger it takes its own."""
-    url = ledger_settings.url
-    lingering = LedgerSettings(url=url, commit_linger_ms=200)
-    eager = LedgerSettings(url=url, commit_linger_ms=0)
-    assert await _claims_after_a_dense_batch(lingering, "lingering") == (1, 10)
-    assert await _claims_after_a_dense_batch(eager, "eager") == (2, 20)
-
-
-async def test_a_lone_write_never_waits_for_company(ledger_settings: LedgerSettings) -> None:
-    """One write at a time (every batch of one) commits at once, whatever the linger: a wait
-    would only add latency when nobody else is writing. (The bound is liveness, not speed.)"""
-    settings = LedgerSettings(url=ledger_settings.url, commit_linger_ms=120_000)
-    store = await LedgerStore.open(settings, owner="r")
-    try:
-        for i in range(3):
-            claimed = await asyncio.wait_for(store.claim(claim_request(f"lone-{i}")), 10)
-            await asyncio.wait_for(
-                store.finish(
-                    claimed.entry.id, claimed.entry.fencing_token, state="succeeded", outcome=b"ok"
-                ),
-                10,
-            )
-        assert store.writer_stats.batches == 6
-    finally:
-        await store.close()
-
-
 @pytest.fixture
 async def two_stores(ledger_settings: LedgerSettings) -> AsyncIterator[list[LedgerStore]]:
     stores = [await LedgerStore.open(ledger_settings, owner=f"replica-{i}") for i in range(2)]

@@ -372,13 +372,3 @@ def test_missing_file_is_a_clear_error(tmp_path: Path):
     """A config path that does not exist is a ConfigError naming the path, not a traceback."""
     with pytest.raises(ConfigError, match="cannot read the configuration"):
         load_config(tmp_path / "absent.yaml", environ={})
-
-
-def test_the_commit_linger_is_a_small_whole_number_of_milliseconds():
-    """`ledger.commit_linger_ms` defaults to 1, 0 turns it off, and anything else than a whole
-    number from 0 to 100 is refused with the key named."""
-    assert parse(MINIMAL).ledger.commit_linger_ms == 1
-    assert parse("ledger: {commit_linger_ms: 0}\n" + MINIMAL).ledger.commit_linger_ms == 0
-    for bad in ("-1", "101", "0.5", '"1"'):
-        with pytest.raises(ConfigError, match="commit_linger_ms"):
-            parse(f"ledger: {{commit_linger_ms: {bad}}}\n" + MINIMAL)
