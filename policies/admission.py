@@ -47,6 +47,7 @@ __all__ = [
     "RefusalReason",
     "Reject",
     "Scope",
+    "ScopeCache",
     "WaitCooldown",
     "Waiter",
     "band_of",
@@ -233,6 +234,45 @@ def scopes_for(config: Config, request: AdmissionRequest) -> tuple[Scope, ...]:
     return tuple(scopes)
 
 
+_MAX_SHAPES = 4096
+
+
+class ScopeCache:
+    """`scopes_for`, built once per call shape (tenant, run, upstream, cost class and band) and
+    reused: a call's scopes are the same for every call of its shape under one configuration.
+
+    At most `max_shapes` are kept; past that the cache starts over (tenants and run ids come from
+    callers, so their number has no bound of its own).
+    """
+
+    __slots__ = ("_config", "_known", "_max")
+
+    def __init__(self, config: Config, *, max_shapes: int = _MAX_SHAPES) -> None:
+        self._config = config
+        self._known: dict[tuple[str, str | None, str, str | None, WorkClass], tuple[Scope, ...]]
+        self._known = {}
+        self._max = max_shapes
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def __call__(self, request: AdmissionRequest) -> tuple[Scope, ...]:
+        shape = (
+            request.tenant,
+            request.run_id,
+            request.upstream,
+            request.cost_class,
+            request.work_class,
+        )
+        scopes = self._known.get(shape)
+        if scopes is None:
+            scopes = scopes_for(self._config, request)
+            if len(self._known) >= self._max:
+                self._known.clear()
+            self._known[shape] = scopes
+        return scopes
+
+
 def critical_reserve(config: Config, max_running: int) -> int:
     """Slots of a scope limited to `max_running` that only critical calls may take."""
     share = band_of(config, "critical").share
@@ -329,10 +369,19 @@ def deadline_refusal(config: Config, state: AdmissionState, waiter: Waiter) -> R
 
 
 def decide_entry(
-    config: Config, state: AdmissionState, request: AdmissionRequest, now: float
+    config: Config,
+    state: AdmissionState,
+    request: AdmissionRequest,
+    now: float,
+    *,
+    scopes: tuple[Scope, ...] | None = None,
 ) -> Decision:
-    """May this new call start now? Admit, Queue (with its deadline), WaitCooldown or Reject."""
-    scopes = scopes_for(config, request)
+    """May this new call start now? Admit, Queue (with its deadline), WaitCooldown or Reject.
+
+    `scopes`: the call's `scopes_for`, when the caller holds them already (`ScopeCache`).
+    """
+    if scopes is None:
+        scopes = scopes_for(config, request)
     if state.stopping:
         return Reject(Refusal("shutting_down", "global", bounded_retry_after(config, 0.0)))
     if request.deadline <= now:

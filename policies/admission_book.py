@@ -24,6 +24,7 @@ from policies.admission import (
     Queue,
     Refusal,
     Scope,
+    ScopeCache,
     Waiter,
     deadline_refusal,
     decide_entry,
@@ -104,11 +105,18 @@ class AdmissionBook:
         self._stopping = False
         self._seq = itertools.count(1)
         self._turn = itertools.count(1)
+        self.scopes = ScopeCache(config)
+        """Every scope a call touches (`policies.admission.scopes_for`), built once per shape."""
+        self._state = self._view()
 
     # -- reading -------------------------------------------------------------------------
 
     def state(self) -> AdmissionState:
-        """A read-only view of the current counts for the engine's pure functions."""
+        """A read-only view of the current counts for the engine's pure functions (it reads the
+        book's live tables, so one view serves until `stop` changes what it copies)."""
+        return self._state
+
+    def _view(self) -> AdmissionState:
         return AdmissionState(
             running=self._running,
             running_by_class=self._running_class,
@@ -122,7 +130,7 @@ class AdmissionBook:
 
     def decide(self, request: AdmissionRequest, now: float) -> Decision:
         """May this new call enter? (see `policies.admission.decide_entry`)."""
-        return decide_entry(self.config, self.state(), request, now)
+        return decide_entry(self.config, self._state, request, now, scopes=self.scopes(request))
 
     def deadline_refusal(self, waiter: Waiter) -> Refusal:
         """The refusal for a queued call whose wait ran out."""
@@ -298,6 +306,7 @@ class AdmissionBook:
     def stop(self) -> list[Waiter]:
         """Refuse every new call from now on; returns (and removes) the queued calls."""
         self._stopping = True
+        self._state = self._view()
         queued = list(self._waiters.values())
         for waiter in queued:
             self.withdraw(waiter)

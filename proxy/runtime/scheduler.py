@@ -32,7 +32,6 @@ from policies.admission import (
     Waiter,
     bounded_retry_after,
     patience_s,
-    scopes_for,
 )
 from policies.admission_book import AdmissionBook, Running, ScopeStats
 from policies.model import Config
@@ -184,7 +183,7 @@ class Scheduler:
     def _rate(self, req: AdmissionRequest, now: float, max_wait_s: float) -> RateDecision:
         limits = [
             (scope.name, RateLimit.of(scope.limits.rate_per_s, scope.limits.burst))
-            for scope in scopes_for(self._config, req)
+            for scope in self._book.scopes(req)
             if scope.limits.rate_per_s is not None
         ]
         return self._rates.reserve(limits, now, max_wait_s)
@@ -195,7 +194,7 @@ class Scheduler:
         Raises:
             AdmissionRefused: reason "rate_limited", retry_after_s = time to the next token.
         """
-        patience = patience_s(self._config, req.work_class, scopes_for(self._config, req))
+        patience = patience_s(self._config, req.work_class, self._book.scopes(req))
         decision = self._rate(req, now, min(patience, max(req.deadline - now, 0.0)))
         if decision.refused_scope is not None:
             retry_after = bounded_retry_after(self._config, decision.retry_after_s, floor=0.05)
@@ -214,7 +213,7 @@ class Scheduler:
             rate = self._rate(req, now, 0.0)
             if would_reject is None and rate.refused_scope is not None:
                 would_reject = Refusal("rate_limited", rate.refused_scope, rate.retry_after_s)
-        running = self._book.start(req, scopes_for(self._config, req), now)
+        running = self._book.start(req, self._book.scopes(req), now)
         return Slot(self, running, queue_wait_s=0.0, decision="admitted", would_reject=would_reject)
 
     def _slot(self, running: Running, arrived: float, waited: bool) -> Slot:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from policies.admission import (
     Queue,
     Refusal,
     Reject,
+    ScopeCache,
     WaitCooldown,
     Waiter,
     critical_reserve,
@@ -83,6 +85,54 @@ def test_scopes_cover_every_level_the_call_touches() -> None:
     ]
     unconfigured = [s.name for s in scopes_for(config, request(cost_class="gpu"))]
     assert unconfigured == ["global", "tenant:acme", "upstream:mail", "class:background"]
+
+
+def test_the_scope_cache_gives_each_call_shape_its_own_scopes() -> None:
+    """Calls that differ in any field scopes depend on (tenant, run, upstream, cost class, band)
+    never share an entry; a repeated shape gets the very tuple `scopes_for` built the first time."""
+    config = make_config(cost_classes={"browser": Limits(max_running=2)})
+    files = UpstreamSpec(
+        "files", "mcp_http", url="http://127.0.0.1:9", limits=Limits(max_running=3)
+    )
+    config = replace(config, upstreams={**config.upstreams, "files": files})
+    cache = ScopeCache(config)
+    shapes = [
+        request(),
+        request(tenant="globex"),
+        request(run_id="r1"),
+        request(run_id="r2"),
+        request(upstream="files"),
+        request(cost_class="browser"),
+        request("critical"),
+        request("critical", tenant="globex", run_id="r1", cost_class="browser"),
+    ]
+    for shape in shapes:
+        assert cache(shape) == scopes_for(config, shape)
+    again = request(run_id="r1", deadline=NOW + 5.0, tool="other", side_effect=False)
+    assert cache(again) is cache(request(run_id="r1"))
+    assert cache(again) == scopes_for(config, again)
+
+
+def test_the_scope_cache_stays_bounded() -> None:
+    """One tenant or run id per call cannot grow the cache without bound; it still answers right."""
+    config = make_config()
+    cache = ScopeCache(config, max_shapes=8)
+    for n in range(50):
+        shape = request(tenant=f"t{n}", run_id=f"r{n}")
+        assert cache(shape) == scopes_for(config, shape)
+        assert len(cache) <= 8
+
+
+def test_decide_entry_uses_the_scopes_it_is_given() -> None:
+    """A caller that already holds the call's scopes (the book's cache) passes them in."""
+    config = make_config(global_limits=Limits(max_running=1))
+    scopes = scopes_for(config, request())
+    decision = decide_entry(config, AdmissionState(), request(), NOW, scopes=scopes)
+    assert isinstance(decision, Admit)
+    assert decision.scopes is scopes
+    full = decide_entry(config, running("global", 1), request(), NOW, scopes=scopes)
+    assert isinstance(full, Queue)
+    assert full.scopes is scopes
 
 
 def test_admits_when_every_scope_has_room() -> None:

@@ -18,6 +18,7 @@ from policies.admission import (
     AdmissionState,
     Admit,
     Queue,
+    Reject,
     decide_entry,
     scopes_for,
 )
@@ -370,3 +371,15 @@ def test_a_long_random_workload_dispatches_as_the_engine_does(seed: int) -> None
             driver.cooldown(rng.choice(["u1", "u2", "u3"]), rng.uniform(0.1, 5.0))
     while driver.running:
         driver.finish(0)
+
+
+def test_a_stopped_book_refuses_what_it_admitted_a_moment_before() -> None:
+    """The book's view of its state follows `stop` (it is built once, not per decision)."""
+    book = AdmissionBook(make_config(4))
+    call = AdmissionRequest("acme", "interactive", "mail")
+    assert isinstance(book.decide(call, NOW), Admit)
+    book.stop()
+    refused = book.decide(call, NOW)
+    assert isinstance(refused, Reject)
+    assert refused.refusal.reason == "shutting_down"
+    assert book.state().stopping
