@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ledger.states import EntryState
-from ledger.views import EntryView, Outcome, OutcomeDigest
+from ledger.views import EntryView, Outcome, OutcomeDigest, new_entry_view
 
 __all__ = [
     "ROW_FIELDS",
@@ -37,6 +37,7 @@ __all__ = [
 
 _INTERNAL_KEY_PREFIX = "none:"
 _ARCHIVED_KEY_PREFIX = "past:"
+_STATES: dict[str, EntryState] = {state.value: state for state in EntryState}
 
 
 @dataclass(slots=True)
@@ -84,43 +85,43 @@ class EntryRow:
         stored = self.idempotency_key
         key: str | None = stored
         superseded = False
-        if stored == internal_key(self.id):
+        if stored.startswith(_INTERNAL_KEY_PREFIX) and stored == internal_key(self.id):
             key = None
         elif stored.startswith(_ARCHIVED_KEY_PREFIX) and stored.startswith(
             prefix := archived_key(self.id, "")
         ):
             key, superseded = stored[len(prefix) :], True
-        return EntryView(
-            id=self.id,
-            tenant=self.tenant,
-            upstream=self.upstream,
-            tool=self.tool,
-            idempotency_key=key,
-            key_source=self.key_source,
-            fingerprint=self.fingerprint,
-            state=EntryState(self.state),
-            attempt=self.attempt,
-            fencing_token=self.fencing_token,
-            owner=self.owner,
-            lease_expires_at=self.lease_expires_at,
-            work_class=self.work_class,
-            run_id=self.run_id,
-            trace_id=self.trace_id,
-            created_at=self.created_at,
-            updated_at=self.updated_at,
-            started_at=self.started_at,
-            finished_at=self.finished_at,
-            outcome=self.outcome,
-            outcome_hash=self.outcome_hash,
-            outcome_retained=self.outcome_retained,
-            error=self.error,
-            retry_after_s=self.retry_after_s,
-            note=self.note,
-            arguments=self.arguments,
-            operator_retries=self.operator_retries,
-            superseded=superseded,
-            task_id=self.task_id,
-            request=self.request,
+        return new_entry_view(  # every field of `EntryView`, in its order
+            self.id,
+            self.tenant,
+            self.upstream,
+            self.tool,
+            key,
+            self.key_source,
+            self.fingerprint,
+            _STATES[self.state],
+            self.attempt,
+            self.fencing_token,
+            self.owner,
+            self.lease_expires_at,
+            self.work_class,
+            self.run_id,
+            self.trace_id,
+            self.created_at,
+            self.updated_at,
+            self.started_at,
+            self.finished_at,
+            self.outcome,
+            self.outcome_hash,
+            self.outcome_retained,
+            self.error,
+            self.retry_after_s,
+            self.note,
+            self.arguments,
+            self.operator_retries,
+            superseded,
+            self.task_id,
+            self.request,
         )
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from ledger.states import EntryState
 
@@ -20,8 +21,12 @@ __all__ = [
     "OutcomeDigest",
     "TransitionView",
     "entry_json",
+    "new_entry_view",
+    "positional_builder",
     "transition_json",
 ]
+
+T = TypeVar("T")
 
 ClaimKind = Literal["new", "replay", "in_progress", "mismatch", "needs_reconciliation"]
 
@@ -108,6 +113,30 @@ class EntryView:
     """Deferred work's handle (or `up:<upstream>:<id>` for a task the upstream created)."""
     request: bytes | None = None
     """Deferred work's whole request while it waits; never shown (it may carry secrets)."""
+
+
+def positional_builder(cls: type[T]) -> Callable[..., T]:
+    """A constructor of the frozen, slotted dataclass `cls` that takes every field positionally,
+    in declaration order, and sets each slot through its own descriptor.
+
+    The frozen dataclass's generated `__init__` goes through `object.__setattr__` field by field;
+    this costs about half as much, which matters for `EntryView` (30 fields, built for every
+    claim and every finish on the writer's thread). Compiled once, as `dataclasses` compiles
+    `__init__`. No defaults and no `__post_init__`: every value must be given.
+    """
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    scope: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    scope.update({f"_set_{name}": getattr(cls, name).__set__ for name in names})
+    lines = [f"def build({', '.join(names)}):", "    obj = _new(_cls)"]
+    lines += [f"    _set_{name}(obj, {name})" for name in names]
+    lines.append("    return obj")
+    exec("\n".join(lines), scope)  # our own field names only: nothing from outside
+    build: Callable[..., T] = scope["build"]
+    return build
+
+
+new_entry_view: Callable[..., EntryView] = positional_builder(EntryView)
+"""`EntryView(...)` with every field given positionally, at half the cost."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 from datetime import UTC, datetime
@@ -10,10 +11,18 @@ from datetime import UTC, datetime
 import pytest
 
 from ledger import EntryState, LedgerError, entry_json
-from ledger.batch import cap_text, internal_key, new_entry_id, stored_outcome
+from ledger.batch import (
+    EntryRow,
+    archived_key,
+    cap_text,
+    internal_key,
+    new_entry_id,
+    stored_outcome,
+)
 from ledger.db import async_url, sqlite_file
 from ledger.migrate import HEAD_REVISION, head_revision
 from ledger.operations import Claim
+from ledger.views import EntryView, positional_builder
 from tests.ledger_fixtures import claim_request
 from tests.unit.test_ledger_states import MemoryLedger
 
@@ -97,3 +106,82 @@ def test_entry_json_is_lossless_for_binary_outcomes() -> None:
 def test_head_revision_constant_matches_the_migration_scripts() -> None:
     """HEAD_REVISION (used to skip Alembic at start-up) is the newest migration script."""
     assert head_revision() == HEAD_REVISION
+
+
+def _distinct_row(row_id: str, key: str) -> EntryRow:
+    """A row whose every column holds a value no other column holds, so a view that took a
+    value from the wrong column, or left one out, cannot equal the expected one."""
+    times = [datetime(2026, 1, 1, 0, 0, second, tzinfo=UTC) for second in range(5)]
+    return EntryRow(
+        id=row_id,
+        tenant="tenant",
+        upstream="upstream",
+        tool="tool",
+        idempotency_key=key,
+        key_source="explicit",
+        fingerprint="f" * 64,
+        arguments='{"a": 1}',
+        state="succeeded",
+        attempt=3,
+        owner="owner",
+        lease_expires_at=times[0],
+        fencing_token=4,
+        work_class="background",
+        run_id="run",
+        trace_id="trace",
+        created_at=times[1],
+        updated_at=times[2],
+        started_at=times[3],
+        finished_at=times[4],
+        outcome=b"outcome",
+        outcome_hash="h" * 64,
+        outcome_retained=False,
+        error="error",
+        retry_after_s=1.5,
+        note="note",
+        operator_retries=5,
+        task_id="task",
+        request=b"request",
+    )
+
+
+@pytest.mark.parametrize(
+    ("stored", "key", "superseded"),
+    [
+        ("a-key", "a-key", False),
+        (internal_key("0" * 32), None, False),
+        (archived_key("0" * 32, "old-key"), "old-key", True),
+    ],
+)
+def test_an_entry_view_carries_every_column_of_its_row(
+    stored: str, key: str | None, superseded: bool
+) -> None:
+    """The view the ledger hands out is the row, field by field (keys as callers know them),
+    and as frozen and hashable as one built by its dataclass constructor."""
+    row = _distinct_row("0" * 32, stored)
+    expected = EntryView(
+        **{
+            f.name: getattr(row, f.name)
+            for f in dataclasses.fields(EntryView)
+            if f.name not in {"idempotency_key", "state", "superseded"}
+        },
+        idempotency_key=key,
+        state=EntryState.SUCCEEDED,
+        superseded=superseded,
+    )
+    view = row.view()
+    assert view == expected
+    assert type(view.state) is EntryState
+    assert hash(view) == hash(expected)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        view.state = EntryState.RUNNING  # type: ignore[misc]
+
+
+def test_the_positional_builder_sets_every_field_in_order() -> None:
+    """`positional_builder` gives what the dataclass's own constructor gives for the same
+    values, for every field, and refuses a wrong count instead of leaving a slot unset."""
+    values = [f"value-{f.name}" for f in dataclasses.fields(EntryView)]
+    build = positional_builder(EntryView)
+    assert build(*values) == EntryView(*values)
+    with pytest.raises(TypeError):
+        build(*values[:-1])
