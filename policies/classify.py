@@ -42,6 +42,7 @@ __all__ = [
     "INFERENCE_ENDPOINTS",
     "Classification",
     "ClassificationSource",
+    "ToolClassifier",
     "classify_http",
     "classify_tool",
     "inference_operation",
@@ -118,6 +119,48 @@ def classify_tool(
     else:
         side_effect, source = True, "default"
     return _build(config, upstream, rule, side_effect, False, source, idempotent)
+
+
+_MAX_TOOL_SHAPES = 4096
+
+
+class ToolClassifier:
+    """`classify_tool` under one configuration, remembered per call shape: the upstream, the
+    tool, and what its annotations say that the decision reads (a boolean `readOnlyHint`, an
+    `idempotentHint` of true). Every `tools/call` is classified, and the answer is the same for
+    every call of one shape (a glob match and a 13-field value: a few microseconds otherwise).
+
+    At most `max_entries` are kept; past that it starts over (tool names come from callers).
+    """
+
+    __slots__ = ("_config", "_known", "_max")
+
+    def __init__(self, config: Config, *, max_entries: int = _MAX_TOOL_SHAPES) -> None:
+        self._config = config
+        self._known: dict[tuple[str, str, bool | None, bool], Classification] = {}
+        self._max = max_entries
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def __call__(
+        self, upstream: str, tool: str, annotations: Mapping[str, Any] | None
+    ) -> Classification:
+        hints = annotations or {}
+        read_only = hints.get("readOnlyHint")
+        shape = (
+            upstream,
+            tool,
+            read_only if isinstance(read_only, bool) else None,
+            hints.get("idempotentHint") is True,
+        )
+        known = self._known.get(shape)
+        if known is None:
+            known = classify_tool(self._config, upstream, tool, annotations)
+            if len(self._known) >= self._max:
+                self._known.clear()
+            self._known[shape] = known
+        return known
 
 
 def inference_operation(provider: ProviderKind, method: str, path: str) -> tuple[bool, str | None]:

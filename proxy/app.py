@@ -15,6 +15,7 @@ from aiohttp import web
 
 from ledger import LedgerError, LedgerStore
 from policies.budget import RetryBudgets
+from policies.classify import ToolClassifier
 from policies.model import Config
 from proxy.edge import edge_guard
 from proxy.http.deferred_run import register_http_runner
@@ -35,6 +36,7 @@ from proxy.state import (
     RETRY_BUDGETS,
     RUNTIME,
     SCHEDULER,
+    TOOL_CLASSIFIER,
     LedgerHandle,
     Runtime,
 )
@@ -63,6 +65,7 @@ def create_app(config: Config, *, replica_id: str | None = None) -> web.Applicat
     app[LEDGER] = LedgerHandle()
     app[REJECTIONS] = RejectionRecorder(app[LEDGER])
     app[RETRY_BUDGETS] = RetryBudgets(config.upstreams, clock=time.monotonic)
+    app[TOOL_CLASSIFIER] = ToolClassifier(config)
     app.cleanup_ctx.append(_ledger_ctx)
     app.on_shutdown.append(_begin_shutdown)
     catalog.setup(app)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from policies.budget import RetryBudgets
+from policies.classify import ToolClassifier
 from policies.model import Config
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ __all__ = [
     "RETRY_BUDGETS",
     "RUNTIME",
     "SCHEDULER",
+    "TOOL_CLASSIFIER",
     "LedgerHandle",
     "Runtime",
 ]
@@ -49,3 +51,4 @@ LEDGER = web.AppKey("ledger", LedgerHandle)
 REPLICA_ID = web.AppKey("replica_id", str)
 RUNTIME = web.AppKey("runtime", Runtime)
 RETRY_BUDGETS = web.AppKey("retry_budgets", RetryBudgets)
+TOOL_CLASSIFIER = web.AppKey("tool_classifier", ToolClassifier)

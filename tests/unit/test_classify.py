@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from policies.classify import classify_http, classify_tool, is_http_rule
+from policies.classify import ToolClassifier, classify_http, classify_tool, is_http_rule
 from policies.model import Config, Defaults, KeyRecipe, ToolRule, UpstreamSpec
 
 
@@ -207,3 +207,55 @@ def test_rule_can_make_an_inference_path_side_effecting() -> None:
     config = _config(ToolRule("POST /v1/responses", 0, side_effect=True))
     result = classify_http(config, "openai", "POST", "/v1/responses")
     assert (result.side_effect, result.costly, result.source) == (True, True, "rule")
+
+
+_HINTS: list[dict[str, object] | None] = [
+    None,
+    {},
+    {"readOnlyHint": True},
+    {"readOnlyHint": False},
+    {"readOnlyHint": 1},
+    {"readOnlyHint": "true"},
+    {"idempotentHint": True},
+    {"idempotentHint": 1},
+    {"readOnlyHint": False, "idempotentHint": True},
+    {"readOnlyHint": True, "idempotentHint": True, "title": "ignored"},
+]
+
+
+def test_the_tool_classifier_answers_as_classify_tool_for_every_call_shape() -> None:
+    """Remembered classifications never leak between tools, upstreams or what annotations say:
+    every combination, asked in any order and again, gets what `classify_tool` decides."""
+    config = _config(
+        ToolRule("mail/send_*", 0, side_effect=True, key=KeyRecipe("explicit")),
+        ToolRule("mail/search", 1, side_effect=False),
+        ToolRule("mail/*", 2, cost_class="slow"),
+    )
+    config = replace(
+        config,
+        upstreams={
+            **config.upstreams,
+            "files": UpstreamSpec("files", "mcp_http", url="http://127.0.0.1:9/f", timeout_s=7.0),
+        },
+    )
+    classify = ToolClassifier(config)
+    shapes = [
+        (upstream, tool, index)
+        for upstream in ("mail", "files")
+        for tool in ("send_email", "search", "other")
+        for index in range(len(_HINTS))
+    ]
+    for _ in range(2):
+        for upstream, tool, index in shapes:
+            hints = _HINTS[index]
+            assert classify(upstream, tool, hints) == classify_tool(config, upstream, tool, hints)
+        shapes.reverse()
+
+
+def test_the_tool_classifier_stays_bounded() -> None:
+    """Tool names come from callers: past its bound the classifier starts over, never grows."""
+    classify = ToolClassifier(_config(), max_entries=8)
+    for n in range(100):
+        classify("mail", f"tool-{n}", None)
+        assert len(classify) <= 8
+    assert classify("mail", "tool-3", {"readOnlyHint": True}).side_effect is False

@@ -18,7 +18,6 @@ from opentelemetry.trace import Span
 from policies import answers
 from policies.admission import AdmissionRequest
 from policies.attributes import BadAttribute, read_attributes
-from policies.classify import classify_tool
 from policies.keys import decide_key
 from proxy.errors import (
     UpstreamAnswerTooLarge,
@@ -42,7 +41,7 @@ from proxy.mcp.pipeline.upstream_tasks import record_upstream_task
 from proxy.runtime.rejections import REJECTIONS
 from proxy.runtime.scheduler import AdmissionRefused, Slot
 from proxy.runtime.upstream_pressure import retry_cap
-from proxy.state import CONFIG, SCHEDULER
+from proxy.state import CONFIG, SCHEDULER, TOOL_CLASSIFIER
 from proxy.telemetry import metrics, tracing
 
 __all__ = ["McpCallContext", "Notify", "SendUpstream", "handle_tools_call"]
@@ -73,14 +72,13 @@ async def handle_tools_call(
         return _invalid_params(request, exc.reason, str(exc))
     tool: str = params["name"]
     arguments = params.get("arguments")  # absent is not the same call as {}
-    policy = classify_tool(
-        config, ctx.upstream.name, tool, tool_annotations(ctx.app, ctx.upstream.name, tool)
-    )
+    classify = ctx.app[TOOL_CLASSIFIER]
+    policy = classify(ctx.upstream.name, tool, tool_annotations(ctx.app, ctx.upstream.name, tool))
     if policy.source == "default" and tool_annotations(ctx.app, ctx.upstream.name, tool) is None:
         # Never listed (and no rule decides): learn the tool's annotations before defaulting.
         await learn_annotations(ctx.app, ctx.upstream)
         annotations = tool_annotations(ctx.app, ctx.upstream.name, tool)
-        policy = classify_tool(config, ctx.upstream.name, tool, annotations)
+        policy = classify(ctx.upstream.name, tool, annotations)
     key = None
     if policy.side_effect:  # only a side effect is ledgered, so only it needs a key
         try:
