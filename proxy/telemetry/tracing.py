@@ -40,6 +40,7 @@ __all__ = [
 ]
 
 _SCOPE = "interlock"
+_NO_SPAN = nullcontext(INVALID_SPAN)  # reusable: entering it does nothing
 _TRACE_META_KEYS = ("traceparent", "tracestate", "baggage")
 _tracer: Tracer = trace.get_tracer(_SCOPE)
 _on = True  # until a provider is bound: the global one may become a real SDK provider
@@ -144,7 +145,7 @@ def call_span(
     """
     parent = _incoming_context(headers, meta)
     if parent is None and not _on:
-        return nullcontext(INVALID_SPAN)
+        return _NO_SPAN
     return _server_span(name, parent, attributes)
 
 
@@ -214,6 +215,8 @@ def child_span(
     call's span is not being recorded (tracing off, or not sampled) no child is made at all: the
     steps run on every proxied call, and a no-op span still costs.
     """
+    if not _on:  # nothing can record: a caller's trace passes through without our spans
+        return _NO_SPAN
     parent = trace.get_current_span()
     if not parent.is_recording():
         return nullcontext(parent)

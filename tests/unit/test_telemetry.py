@@ -100,3 +100,24 @@ def test_tracing_off_and_no_caller_trace_starts_no_span() -> None:
     assert outgoing == {}
     assert meta == {}
     assert tracing.tracing_on()  # the global provider may become a real one: assume it records
+
+
+def test_steps_of_a_call_keep_the_callers_trace_when_tracing_is_off() -> None:
+    """With nothing recording, a step (`child_span`) makes no span and leaves the context as it
+    was: the caller's trace still reaches the upstream from inside it, and after it."""
+    tracing.bind_tracer_provider(NoOpTracerProvider())
+    try:
+        with tracing.call_span("tools/call echo", headers={"traceparent": TRACEPARENT}):
+            with tracing.child_span("interlock.upstream.attempt") as step:
+                assert not step.is_recording()
+                inside: dict[str, object] = {}
+                tracing.inject_meta(inside)
+            after: dict[str, str] = {}
+            tracing.inject_headers(after)
+        with tracing.child_span("interlock.queue") as lone:
+            assert not lone.is_recording()
+            assert tracing.current_trace_id() is None
+    finally:
+        tracing.bind_tracer_provider(None)
+    assert inside["traceparent"] == TRACEPARENT
+    assert after["traceparent"] == TRACEPARENT
