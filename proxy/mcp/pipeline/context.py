@@ -43,6 +43,9 @@ class McpCallContext:
     task_line: TaskLine | None = None
     """How the client takes a task handle, if it can: it declared 2025-11-25 `tasks` for its
     session ("core"), or the 2026-07-28 extension in this request ("extension")."""
+    traced: bool = False
+    """The transport already opened this request's SERVER span (`proxy.mcp.transport.spans`),
+    continuing whatever trace the caller sent in its headers or `_meta`: it is current."""
 
     @property
     def modern(self) -> bool:

@@ -132,8 +132,8 @@ def _server_span(
         tracing.set_attributes(current, attributes)
         yield current
         return
-    if not tracing.tracing_on() and current.get_span_context().is_valid:
-        yield current  # the transport already continues the caller's trace; nothing records
+    if ctx.traced or (not tracing.tracing_on() and current.get_span_context().is_valid):
+        yield current  # the transport's span, not recorded: whatever it continued passes on
         return
     name = tracing.mcp_span_name("tools/call", tool)
     with tracing.call_span(name, attributes=attributes, headers=ctx.headers, meta=meta) as span:

@@ -65,6 +65,7 @@ async def run_tools_call(
         protocol_version=protocol_version,
         client_gone=gone,
         task_line=_task_line(app, message, session_id, modern=modern),
+        traced=True,  # both callers (`post`, `batch`) run it inside `spans.traced`
     )
 
     async def send_upstream(outgoing: JsonObject, timeout_s: float) -> JsonObject:
