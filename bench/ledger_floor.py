@@ -3,14 +3,17 @@ schema (every index the ledger keeps) with none of the ledger's own logic.
 
 A pair here is what the ledger must do at the least for one side-effecting call: a durable commit
 that inserts the entry and its first transition, then a durable commit that records the outcome
-and its transition. Two variants, each one caller at a time:
+and its transition. Three variants:
 
-- in the caller's thread: the commits alone (what SQLite and the disk cost);
-- through the writer thread (`ledger.writer_thread.WriterThread`, as the ledger runs them): the
-  commits plus two hand-offs between the event loop and the thread.
+- in the caller's thread, one pair at a time: the commits alone (what SQLite and the disk cost);
+- through the writer thread (`ledger.writer_thread.WriterThread`, as the ledger runs them), one
+  pair at a time: the commits plus two hand-offs between the event loop and the thread;
+- in the caller's thread, 64 pairs per commit (as the ledger's group commit batches 64 writers):
+  the same statements, each run once per batch with all its rows (`executemany`).
 
-The difference between these and the ledger's own 1-writer row is what the ledger's logic adds;
-the second variant is the least a side-effecting call can cost on top of its transport.
+The difference between these and the ledger's own 1-writer and 64-writer rows is what the
+ledger's logic adds; the second variant is the least a side-effecting call can cost on top of its
+transport, the third the most pairs per second SQLite gives this schema on this machine.
 """
 
 from __future__ import annotations
@@ -47,11 +50,16 @@ _INSERT_TRANSITION = (
 )
 
 
+GROUP = 64  # pairs per commit of the grouped variant: the ledger bench's 64 writers
+
+
 @dataclass(frozen=True, slots=True)
 class FloorResult:
     label: str
     pairs_per_s: float
     cpu_us_per_pair: float
+    pairs_per_commit: int = 1
+    through_thread: bool = False
 
 
 async def measure_floor(folder: Path, seconds: float) -> list[FloorResult]:
@@ -71,11 +79,22 @@ async def measure_floor(folder: Path, seconds: float) -> list[FloorResult]:
             handed_result = await _timed(seconds, lambda: _handed(thread, pair))
         finally:
             thread.stop()
+        grouped_pairs, grouped_cpu = await _timed(seconds, lambda: _grouped(pair))
     finally:
         conn.close()
     return [
         FloorResult("SQLite FULL, bare SQL in the caller's thread (floor)", *inline_result),
-        FloorResult("SQLite FULL, bare SQL through the writer thread (floor)", *handed_result),
+        FloorResult(
+            "SQLite FULL, bare SQL through the writer thread (floor)",
+            *handed_result,
+            through_thread=True,
+        ),
+        FloorResult(
+            f"SQLite FULL, bare SQL, {GROUP} pairs per commit (floor)",
+            grouped_pairs * GROUP,
+            grouped_cpu / GROUP,
+            pairs_per_commit=GROUP,
+        ),
     ]
 
 
@@ -104,6 +123,26 @@ class _Pair:
         conn.execute(_INSERT_TRANSITION, (entry, "running", "succeeded", now))
         conn.execute("COMMIT")
 
+    def claim_many(self, count: int) -> list[str]:
+        now = _now()
+        entries = [f"floor{next(self._numbers):027d}" for _ in range(count)]
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(
+            _INSERT_ENTRY, [(e, f"key-{e}", "f" * 64, now, now, now, now) for e in entries]
+        )
+        conn.executemany(_INSERT_TRANSITION, [(e, None, "running", now) for e in entries])
+        conn.execute("COMMIT")
+        return entries
+
+    def finish_many(self, entries: list[str]) -> None:
+        now = _now()
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(_FINISH_ENTRY, [(b"ok", "0" * 64, now, now, e) for e in entries])
+        conn.executemany(_INSERT_TRANSITION, [(e, "running", "succeeded", now) for e in entries])
+        conn.execute("COMMIT")
+
 
 def _now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S.000000", time.gmtime())
@@ -111,6 +150,10 @@ def _now() -> str:
 
 async def _inline(pair: _Pair) -> None:
     pair.finish(pair.claim())
+
+
+async def _grouped(pair: _Pair) -> None:
+    pair.finish_many(pair.claim_many(GROUP))
 
 
 async def _handed(thread: WriterThread, pair: _Pair) -> None:
