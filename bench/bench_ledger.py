@@ -110,7 +110,7 @@ async def _measure(config: _Config, url: str, writers: int, seconds: float) -> _
     )
     store = await LedgerStore.open(settings, owner="bench")
     try:
-        keys = (f"{secrets.token_hex(4)}-{n}" for n in itertools.count())
+        keys = fresh_keys()
         await _pairs(store, keys, writers, time.perf_counter() + min(0.3, seconds / 4))  # warm-up
         before = store.writer_stats
         server_before = _server_cpu_s() if config.backend == "postgresql" else None
@@ -149,6 +149,11 @@ def _server_cpu_s() -> float | None:
             utime, stime = fields.split()[11:13]
             total += int(utime) + int(stime)
     return total / os.sysconf("SC_CLK_TCK") if seen else None
+
+
+def fresh_keys() -> Iterator[str]:
+    """Idempotency keys no other measurement uses."""
+    return (f"{secrets.token_hex(4)}-{n}" for n in itertools.count())
 
 
 async def _pairs(store: LedgerStore, keys: Iterator[str], writers: int, deadline: float) -> int:

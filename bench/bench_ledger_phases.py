@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import secrets
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from bench.bench_ledger import _pairs
+from bench.bench_ledger import _pairs, _sqlite_database, fresh_keys
 from bench.common import Table
 from ledger import LedgerStore, sqlite_sql, transactions
 from policies.model import LedgerSettings
@@ -33,17 +30,18 @@ from policies.model import LedgerSettings
 __all__ = ["PhaseRound", "measure", "run"]
 
 _WRITERS = 64
-_SQL_STEPS = ("begin", "database_now", "load", "flush", "commit")
-_LABELS = {
-    "begin": "BEGIN IMMEDIATE",
-    "database_now": "the database's clock",
-    "load": "read the rows the batch names",
-    "decide": "the operations' decisions",
-    "flush": "write rows and history (flush)",
-    "commit": "COMMIT (fsync)",
-}
+_STEPS: tuple[tuple[Any, str, str, str], ...] = (
+    # (where the ledger looks it up, its name there, the step, what the table calls it)
+    (sqlite_sql, "begin", "begin", "BEGIN IMMEDIATE"),
+    (sqlite_sql, "database_now", "database_now", "the database's clock"),
+    (sqlite_sql, "load", "load", "read the rows the batch names"),
+    (transactions, "_decide", "decide", "the operations' decisions"),
+    (sqlite_sql, "flush", "flush", "write rows and history (flush)"),
+    (sqlite_sql, "commit", "commit", "COMMIT (fsync)"),
+)
 JOB = "job"
 """The writer thread's whole job for one batch (`SQLiteTransactions._transaction`)."""
+_WRAPPED = (*_STEPS, (transactions.SQLiteTransactions, "_transaction", JOB, ""))
 
 
 @dataclass(frozen=True)
@@ -87,13 +85,10 @@ class _Timer:
 @contextlib.contextmanager
 def _timed_ledger(timer: _Timer) -> Iterator[None]:
     """Wrap the ledger's steps for the block; the originals are back afterwards."""
-    patches: list[tuple[Any, str]] = [(sqlite_sql, name) for name in _SQL_STEPS]
-    patches += [(transactions, "_decide"), (transactions.SQLiteTransactions, "_transaction")]
-    originals = [(owner, name, getattr(owner, name)) for owner, name in patches]
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _, _ in _WRAPPED]
     try:
-        for owner, name, fn in originals:
-            step = JOB if name == "_transaction" else name.removeprefix("_")
-            setattr(owner, name, timer.wrap(step, fn))
+        for owner, name, step, _ in _WRAPPED:
+            setattr(owner, name, timer.wrap(step, getattr(owner, name)))
         yield
     finally:
         for owner, name, fn in originals:
@@ -104,14 +99,12 @@ async def measure(seconds: float, rounds: int) -> list[PhaseRound]:
     """`rounds` rounds of `seconds` each, after a warm-up, on one fresh SQLite ledger."""
     timer = _Timer()
     results: list[PhaseRound] = []
-    with tempfile.TemporaryDirectory(prefix="bench-ledger-phases-") as folder:
-        settings = LedgerSettings(
-            url=f"sqlite:///{folder}/ledger.db", durability="full", group_commit=True
-        )
+    async with _sqlite_database() as url:
+        settings = LedgerSettings(url=url, durability="full", group_commit=True)
         with _timed_ledger(timer):
             store = await LedgerStore.open(settings, owner="bench")
             try:
-                keys = (f"{secrets.token_hex(4)}-{n}" for n in itertools.count())
+                keys = fresh_keys()
                 await _pairs(store, keys, _WRITERS, time.perf_counter() + min(0.3, seconds))
                 for _ in range(rounds):
                     timer.ns.clear()
@@ -126,7 +119,8 @@ async def measure(seconds: float, rounds: int) -> list[PhaseRound]:
                     )
             finally:
                 await store.close()
-    missing = [step for step in (*_LABELS, JOB) if not any(r.calls.get(step) for r in results)]
+    steps = [step for _, _, step, _ in _WRAPPED]
+    missing = [step for step in steps if not any(r.calls.get(step) for r in results)]
     if missing:
         raise RuntimeError(
             f"the ledger never called {', '.join(missing)} through the names this benchmark "
@@ -148,9 +142,10 @@ def _table(best: PhaseRound, rounds: int) -> Table:
 
     steps = best.steps_ns
     job = steps.get(JOB, 0)
-    for name, label in _LABELS.items():
-        row("ledger writer", label, steps.get(name, 0))
-    row("ledger writer", "the rest of the job", job - sum(steps.get(n, 0) for n in _LABELS))
+    for _, _, step, label in _STEPS:
+        row("ledger writer", label, steps.get(step, 0))
+    timed = sum(steps.get(step, 0) for _, _, step, _ in _STEPS)
+    row("ledger writer", "the rest of the job", job - timed)
     row("event loop", "the 64 callers, the group-commit task, futures", best.loop_ns)
     row("(rest)", "hand-offs between batches, other threads", total - job - best.loop_ns)
     row("process", "all", total)
