@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -63,6 +64,8 @@ class Result:
     cpu_s: float | None
     latencies_s: list[float]
     fresh: int  # TCP connections the upstream saw opened during the calls
+    # Interlock's ledger writes per durable commit over the calls (from its /metrics), if any
+    writes_per_commit: float | None = None
 
     @property
     def fresh_per_1k(self) -> float:
@@ -226,11 +229,37 @@ async def _measure_target(
         for concurrency in (1, 32):
             # The warm-up opens the connections a steady state keeps (two calls per worker).
             await _drive(url, kind, max(2 * concurrency, calls // 5), concurrency, proc, counter)
+            before = await _ledger_commits(url) if target in _INTERLOCKS else None
             got = await _drive(url, kind, calls, concurrency, proc, counter)
+            if before is not None and (after := await _ledger_commits(url)) is not None:
+                commits, writes = after[0] - before[0], after[1] - before[1]
+                got.writes_per_commit = writes / commits if commits else None
             cell = (target, kind, concurrency)
             best = results.get(cell)
             if best is None or (got.cpu_s or 0.0) < (best.cpu_s or 0.0) or best.cpu_s is None:
                 results[cell] = got
+
+
+_INTERLOCKS = ("interlock", "asyncio loop", "transport")
+_COMMITS = re.compile(
+    r"^interlock_ledger_(commits|committed_operations)_total(?:\{[^}]*\})? (\S+)$", re.M
+)
+
+
+async def _ledger_commits(mcp_url: str) -> tuple[float, float] | None:
+    """Interlock's (ledger commits, operations they carried) so far, scraped from its /metrics
+    (outside the measured window: the scrape's CPU is not a call's)."""
+    metrics_url = mcp_url.rsplit("/mcp/", 1)[0] + "/metrics"
+    async with ClientSession() as session, session.get(metrics_url) as response:
+        return parse_commits(await response.text()) if response.status == 200 else None
+
+
+def parse_commits(text: str) -> tuple[float, float] | None:
+    """(commits, committed operations) from Prometheus text; None when either is missing."""
+    found = {name: float(value) for name, value in _COMMITS.findall(text)}
+    if "commits" not in found or "committed_operations" not in found:
+        return None
+    return found["commits"], found["committed_operations"]
 
 
 async def _run(quick: bool) -> list[Table]:
@@ -278,6 +307,7 @@ def _table(results: dict[Cell, Result], calls: int, rounds: int) -> Table:
                         f"{statistics.median(r.latencies_s) * 1000:.2f}",
                         f"{r.percentile(0.99) * 1000:.2f}",
                         f"{r.fresh_per_1k:.0f}",
+                        "—" if r.writes_per_commit is None else f"{r.writes_per_commit:.1f}",
                     ]
                 )
     note = (
@@ -289,7 +319,9 @@ def _table(results: dict[Cell, Result], calls: int, rounds: int) -> Table:
         "asyncio loop = interlock on the standard asyncio event loop (`--loop asyncio`), a "
         "diagnostic; interlock runs its default loop (uvloop where installed). "
         "fresh conns/1k = TCP connections the upstream saw opened per 1,000 calls (direct: the "
-        "load generator's own). Goal: interlock ≤ 1.3× bare CPU/call read-only at c=1 and c=32, "
+        "load generator's own). ledger writes/commit = the ledger operations each durable commit "
+        "carried during the cell (Interlock's own counters): near 1, every claim and outcome "
+        "paid its own fsync. Goal: interlock ≤ 1.3× bare CPU/call read-only at c=1 and c=32, "
         "the c=32 ratio no worse than c=1; ≤ 2.5× side-effecting. " + _verdicts(results)
     )
     return Table(
@@ -306,6 +338,7 @@ def _table(results: dict[Cell, Result], calls: int, rounds: int) -> Table:
             "p50 ms",
             "p99 ms",
             "fresh conns/1k",
+            "ledger writes/commit",
         ],
         rows=rows,
         note=note,

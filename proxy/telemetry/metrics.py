@@ -10,6 +10,7 @@ Prometheus names (dots become underscores; counters get `_total`, seconds get `_
 `interlock_admission_refusals_total{reason,scope,upstream}`, `interlock_queue_depth{scope}`,
 `interlock_queue_oldest_wait_seconds{scope}`, `interlock_running{scope}`,
 `interlock_upstream_cooldown_active{upstream}`, `interlock_ledger_entries{state}`,
+`interlock_ledger_commits_total`, `interlock_ledger_committed_operations_total`,
 `interlock_admission_to_first_byte_seconds`, `mcp_server_operation_duration_seconds`, ...
 """
 
@@ -27,6 +28,7 @@ from proxy.telemetry.state_gauges import (
     StateReading,
     StateSource,
     add_state_source,
+    ledger_commits,
     ledger_entries,
     observe,
     per_scope,
@@ -93,6 +95,20 @@ class _Instruments:
             "interlock.idempotency.outcomes", "{call}", "Ledger claims by idempotency outcome"
         )
         self.tokens = c("interlock.model.tokens", "{token}", "Model tokens by direction")
+        # The ledger writer's own counts, read at scrape time: operations per commit is how much
+        # the group commit shares each durable commit (fsync) among concurrent writes.
+        meter.create_observable_counter(
+            "interlock.ledger.commits",
+            [observe(ledger_commits(0))],
+            "{commit}",
+            "Ledger transactions committed by the writer (each one durable commit)",
+        )
+        meter.create_observable_counter(
+            "interlock.ledger.committed_operations",
+            [observe(ledger_commits(1))],
+            "{operation}",
+            "Ledger write operations carried by those commits",
+        )
         self.unrecorded = c(
             "interlock.ledger.rejections_unrecorded",
             "{record}",

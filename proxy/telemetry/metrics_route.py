@@ -152,6 +152,11 @@ def _reading(app: web.Application) -> metrics.StateReading:
     oldest_unknown_s = _age(counts, "unknown", counts.unknown_since)
     oldest_accepted_s = _age(counts, "accepted", counts.accepted_since)
     scheduler = _scheduler_reading(app)
+    store = app[LEDGER].store
+    commits = None
+    if store is not None:
+        stats = store.writer_stats
+        commits = (stats.batches, stats.operations)
     return metrics.StateReading(
         queue_depth=scheduler["queued"],
         oldest_wait_s=scheduler["oldest_wait_s"],
@@ -161,6 +166,7 @@ def _reading(app: web.Application) -> metrics.StateReading:
         ledger_oldest_unknown_s=oldest_unknown_s,
         ledger_oldest_accepted_s=oldest_accepted_s,
         ledger_up=counts.up,
+        ledger_commits=commits,
     )
 
 

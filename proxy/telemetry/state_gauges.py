@@ -18,6 +18,7 @@ __all__ = [
     "StateReading",
     "StateSource",
     "add_state_source",
+    "ledger_commits",
     "ledger_entries",
     "observe",
     "per_scope",
@@ -34,7 +35,8 @@ class StateReading:
 
     Scope names are the scheduler's (e.g. "global", "tenant:acme", "upstream:mail").
     `ledger_entries` is None when the ledger could not be read (the gauge then reports nothing
-    rather than a wrong zero); `ledger_up` is 0 in that case.
+    rather than a wrong zero); `ledger_up` is 0 in that case. `ledger_commits` is the ledger
+    writer's (group commits, operations they carried) since the store opened; None without one.
     """
 
     queue_depth: Mapping[str, int] = field(default_factory=dict)
@@ -45,6 +47,7 @@ class StateReading:
     ledger_oldest_unknown_s: float | None = None
     ledger_oldest_accepted_s: float | None = None
     ledger_up: bool = True
+    ledger_commits: tuple[int, int] | None = None
 
 
 StateSource = Callable[[], StateReading]
@@ -95,3 +98,14 @@ def ledger_entries(r: StateReading) -> list[tuple[Mapping[str, str], float]]:
         return []
     counts = dict.fromkeys(LEDGER_STATES, 0) | dict(r.ledger_entries)
     return [({"state": state}, value) for state, value in counts.items()]
+
+
+def ledger_commits(
+    which: int,
+) -> Callable[[StateReading], list[tuple[Mapping[str, str], float]]]:
+    """Pick the writer's commits (`which` 0) or the operations they carried (1)."""
+
+    def pick(r: StateReading) -> list[tuple[Mapping[str, str], float]]:
+        return [] if r.ledger_commits is None else [({}, float(r.ledger_commits[which]))]
+
+    return pick

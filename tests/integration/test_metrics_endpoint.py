@@ -259,3 +259,48 @@ async def test_waiting_deferred_work_is_counted_with_its_oldest_age(tmp_path: Pa
     assert ("interlock_ledger_oldest_accepted_age_seconds", ()) not in idle
     assert entries(waiting)["accepted"] == 2
     assert waiting[("interlock_ledger_oldest_accepted_age_seconds", ())] >= 0
+
+
+def group_commits(samples: Samples) -> tuple[float, float] | None:
+    """(commits, operations they carried) as scraped; None when neither is exported."""
+    commits = samples.get(("interlock_ledger_commits_total", ()))
+    operations = samples.get(("interlock_ledger_committed_operations_total", ()))
+    if commits is None and operations is None:
+        return None
+    assert commits is not None, "operations counted without commits"
+    assert operations is not None, "commits counted without operations"
+    return commits, operations
+
+
+async def test_group_commits_are_counted_with_the_operations_they_carried(tmp_path: Path) -> None:
+    """An SRE reads the ledger's batching as operations per commit: writes one at a time take a
+    commit each, writes that arrive together share one; both counters only ever grow."""
+    config = load(tmp_path)
+    store = await open_store(config)
+    try:
+        async with metrics_app(config, store) as (_app, url):
+            start = group_commits(await scrape(url))
+            assert start is not None
+            for n in range(3):  # one at a time: three commits
+                await store.claim(claim_request(f"alone-{n}"))
+            alone = group_commits(await scrape(url))
+            together = await asyncio.gather(
+                *(store.claim(claim_request(f"t-{n}")) for n in range(8))
+            )
+            shared = group_commits(await scrape(url))
+            stats = store.writer_stats
+    finally:
+        await store.close()
+    assert alone is not None
+    assert shared is not None
+    assert (alone[0] - start[0], alone[1] - start[1]) == (3, 3)
+    assert all(result.kind == "new" for result in together)
+    assert shared[1] - alone[1] == 8
+    assert 1 <= shared[0] - alone[0] < 8  # arriving in one loop turn, they shared commits
+    assert shared == (stats.batches, stats.operations)  # what the writer itself counted
+
+
+async def test_group_commits_are_absent_without_a_ledger(tmp_path: Path) -> None:
+    """No ledger, no commit counters (never a zero that reads as 'nothing was written')."""
+    async with metrics_app(load(tmp_path), None) as (_app, url):
+        assert group_commits(await scrape(url)) is None

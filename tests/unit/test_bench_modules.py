@@ -23,3 +23,19 @@ def test_every_benchmark_imports_and_has_run(name: str) -> None:
 @pytest.mark.parametrize("name", [m for m in MODULES if not m.startswith("bench_")])
 def test_every_benchmark_helper_imports(name: str) -> None:
     importlib.import_module(f"bench.{name}")
+
+
+def test_the_mcp_bench_reads_ledger_commits_from_prometheus_text() -> None:
+    """The MCP table's writes-per-commit column comes from these two counters, as Interlock's
+    /metrics writes them; a missing one gives no figure rather than a wrong one."""
+    from bench.bench_mcp import parse_commits
+
+    text = (
+        "# HELP interlock_ledger_commits_total Ledger transactions committed\n"
+        "# TYPE interlock_ledger_commits_total counter\n"
+        "interlock_ledger_commits_total 12.0\n"
+        "interlock_ledger_committed_operations_total 30.0\n"
+        'interlock_ledger_entries{state="running"} 4.0\n'
+    )
+    assert parse_commits(text) == (12.0, 30.0)
+    assert parse_commits(text.replace("interlock_ledger_commits_total 12.0\n", "")) is None
