@@ -233,7 +233,9 @@ async def _run(seconds: float) -> list[Table]:
         "ledger's own schema: one caller at a time, in the caller's thread and through the writer "
         "thread the ledger uses (what is left of a 1-writer pair without the ledger's logic), and "
         "64 pairs per commit in the caller's thread (what SQLite itself allows at 64 writers: the "
-        "rest of the 64-writer row's CPU is the ledger's logic and its event loop)."
+        "rest of the 64-writer row's CPU is the ledger's logic and its event loop). The "
+        "synchronous=OFF row is not durable and never what the ledger does: beside the first "
+        "floor row it shows how much of a lone pair's CPU is the kernel's work for two fsyncs."
     )
     return [table]
 

@@ -14,6 +14,9 @@ and its transition. Three variants:
 The difference between these and the ledger's own 1-writer and 64-writer rows is what the
 ledger's logic adds; the second variant is the least a side-effecting call can cost on top of its
 transport, the third the most pairs per second SQLite gives this schema on this machine.
+
+A fourth row runs the first variant with `synchronous=OFF`: not durable, never what the ledger
+does, it shows how much of a lone pair's CPU is the kernel's work for the two fsyncs.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class FloorResult:
     cpu_us_per_pair: float
     pairs_per_commit: int = 1
     through_thread: bool = False
+    durable: bool = True
 
 
 async def measure_floor(folder: Path, seconds: float) -> list[FloorResult]:
@@ -80,6 +84,8 @@ async def measure_floor(folder: Path, seconds: float) -> list[FloorResult]:
         finally:
             thread.stop()
         grouped_pairs, grouped_cpu = await _timed(seconds, lambda: _grouped(pair))
+        conn.execute("PRAGMA synchronous=OFF")  # last: what the same commits cost unsynced
+        unsynced_result = await _timed(seconds, lambda: _inline(pair))
     finally:
         conn.close()
     return [
@@ -94,6 +100,12 @@ async def measure_floor(folder: Path, seconds: float) -> list[FloorResult]:
             grouped_pairs * GROUP,
             grouped_cpu / GROUP,
             pairs_per_commit=GROUP,
+        ),
+        FloorResult(
+            "SQLite synchronous=OFF, bare SQL in the caller's thread (not durable: the same "
+            "commits without their fsyncs)",
+            *unsynced_result,
+            durable=False,
         ),
     ]
 
