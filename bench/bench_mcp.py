@@ -64,8 +64,16 @@ class Result:
     cpu_s: float | None
     latencies_s: list[float]
     fresh: int  # TCP connections the upstream saw opened during the calls
-    # Interlock's ledger writes per durable commit over the calls (from its /metrics), if any
-    writes_per_commit: float | None = None
+    # Interlock's (ledger writes, durable commits) over the calls, from its /metrics
+    ledger: tuple[float, float] | None = None
+
+    @property
+    def ledger_cell(self) -> str:
+        """Ledger writes per call · per commit ("—" when no commit was made)."""
+        if self.ledger is None or not self.ledger[1]:
+            return "—"
+        writes, commits = self.ledger
+        return f"{writes / max(1, self.calls):.2f} · {writes / commits:.1f}"
 
     @property
     def fresh_per_1k(self) -> float:
@@ -232,8 +240,7 @@ async def _measure_target(
             before = await _ledger_commits(url) if target in _INTERLOCKS else None
             got = await _drive(url, kind, calls, concurrency, proc, counter)
             if before is not None and (after := await _ledger_commits(url)) is not None:
-                commits, writes = after[0] - before[0], after[1] - before[1]
-                got.writes_per_commit = writes / commits if commits else None
+                got.ledger = (after[1] - before[1], after[0] - before[0])
             cell = (target, kind, concurrency)
             best = results.get(cell)
             if best is None or (got.cpu_s or 0.0) < (best.cpu_s or 0.0) or best.cpu_s is None:
@@ -307,7 +314,7 @@ def _table(results: dict[Cell, Result], calls: int, rounds: int) -> Table:
                         f"{statistics.median(r.latencies_s) * 1000:.2f}",
                         f"{r.percentile(0.99) * 1000:.2f}",
                         f"{r.fresh_per_1k:.0f}",
-                        "—" if r.writes_per_commit is None else f"{r.writes_per_commit:.1f}",
+                        r.ledger_cell,
                     ]
                 )
     note = (
@@ -319,10 +326,12 @@ def _table(results: dict[Cell, Result], calls: int, rounds: int) -> Table:
         "asyncio loop = interlock on the standard asyncio event loop (`--loop asyncio`), a "
         "diagnostic; interlock runs its default loop (uvloop where installed). "
         "fresh conns/1k = TCP connections the upstream saw opened per 1,000 calls (direct: the "
-        "load generator's own). ledger writes/commit = the ledger operations each durable commit "
-        "carried during the cell (Interlock's own counters): near 1, every claim and outcome "
-        "paid its own fsync. Goal: interlock ≤ 1.3× bare CPU/call read-only at c=1 and c=32, "
-        "the c=32 ratio no worse than c=1; ≤ 2.5× side-effecting. " + _verdicts(results)
+        "load generator's own). ledger writes = Interlock's ledger operations during the cell "
+        "(its own counters), per call and per durable commit: a side-effecting call makes 2 "
+        "(its claim, its outcome), and 1 per commit means each paid its own fsync; a read-only "
+        "cell shows only the periodic maintenance (lease sweep, purge). Goal: interlock ≤ 1.3× "
+        "bare CPU/call read-only at c=1 and c=32, the c=32 ratio no worse than c=1; ≤ 2.5× "
+        "side-effecting. " + _verdicts(results)
     )
     return Table(
         title="MCP tools/call: Interlock vs bare pass-through vs direct",
@@ -338,7 +347,7 @@ def _table(results: dict[Cell, Result], calls: int, rounds: int) -> Table:
             "p50 ms",
             "p99 ms",
             "fresh conns/1k",
-            "ledger writes/commit",
+            "ledger writes per call · per commit",
         ],
         rows=rows,
         note=note,

@@ -39,3 +39,14 @@ def test_the_mcp_bench_reads_ledger_commits_from_prometheus_text() -> None:
     )
     assert parse_commits(text) == (12.0, 30.0)
     assert parse_commits(text.replace("interlock_ledger_commits_total 12.0\n", "")) is None
+
+
+def test_the_mcp_bench_shows_ledger_writes_per_call_and_per_commit() -> None:
+    """2,000 writes in 250 commits over 1,000 calls: 2 per call (claim, outcome), 8 per commit;
+    a cell with no commit shows no figure."""
+    from bench.bench_mcp import Result
+
+    result = Result(1000, 0, 1.0, 1.0, [], 0, ledger=(2000.0, 250.0))
+    assert result.ledger_cell == "2.00 · 8.0"
+    assert Result(1000, 0, 1.0, 1.0, [], 0, ledger=(0.0, 0.0)).ledger_cell == "—"
+    assert Result(1000, 0, 1.0, 1.0, [], 0).ledger_cell == "—"
