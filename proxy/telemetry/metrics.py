@@ -28,8 +28,8 @@ from proxy.telemetry.state_gauges import (
     StateReading,
     StateSource,
     add_state_source,
-    ledger_commits,
     ledger_entries,
+    ledger_writer,
     observe,
     per_scope,
     per_upstream,
@@ -99,13 +99,13 @@ class _Instruments:
         # the group commit shares each durable commit (fsync) among concurrent writes.
         meter.create_observable_counter(
             "interlock.ledger.commits",
-            [observe(ledger_commits(0))],
+            [observe(ledger_writer(lambda stats: stats.batches))],
             "{commit}",
             "Ledger transactions committed by the writer (each one durable commit)",
         )
         meter.create_observable_counter(
             "interlock.ledger.committed_operations",
-            [observe(ledger_commits(1))],
+            [observe(ledger_writer(lambda stats: stats.operations))],
             "{operation}",
             "Ledger write operations carried by those commits",
         )

@@ -153,10 +153,6 @@ def _reading(app: web.Application) -> metrics.StateReading:
     oldest_accepted_s = _age(counts, "accepted", counts.accepted_since)
     scheduler = _scheduler_reading(app)
     store = app[LEDGER].store
-    commits = None
-    if store is not None:
-        stats = store.writer_stats
-        commits = (stats.batches, stats.operations)
     return metrics.StateReading(
         queue_depth=scheduler["queued"],
         oldest_wait_s=scheduler["oldest_wait_s"],
@@ -166,7 +162,7 @@ def _reading(app: web.Application) -> metrics.StateReading:
         ledger_oldest_unknown_s=oldest_unknown_s,
         ledger_oldest_accepted_s=oldest_accepted_s,
         ledger_up=counts.up,
-        ledger_commits=commits,
+        ledger_writer=None if store is None else store.writer_stats,
     )
 
 

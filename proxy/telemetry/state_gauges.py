@@ -8,18 +8,22 @@ import operator
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from proxy.telemetry import labels
+
+if TYPE_CHECKING:
+    from ledger.writer import WriterStats
 
 __all__ = [
     "LEDGER_STATES",
     "StateReading",
     "StateSource",
     "add_state_source",
-    "ledger_commits",
     "ledger_entries",
+    "ledger_writer",
     "observe",
     "per_scope",
     "per_upstream",
@@ -35,8 +39,9 @@ class StateReading:
 
     Scope names are the scheduler's (e.g. "global", "tenant:acme", "upstream:mail").
     `ledger_entries` is None when the ledger could not be read (the gauge then reports nothing
-    rather than a wrong zero); `ledger_up` is 0 in that case. `ledger_commits` is the ledger
-    writer's (group commits, operations they carried) since the store opened; None without one.
+    rather than a wrong zero); `ledger_up` is 0 in that case. `ledger_writer` is the ledger
+    writer's counts (group commits, the operations they carried) since the store opened; None
+    without a store.
     """
 
     queue_depth: Mapping[str, int] = field(default_factory=dict)
@@ -47,7 +52,7 @@ class StateReading:
     ledger_oldest_unknown_s: float | None = None
     ledger_oldest_accepted_s: float | None = None
     ledger_up: bool = True
-    ledger_commits: tuple[int, int] | None = None
+    ledger_writer: WriterStats | None = None
 
 
 StateSource = Callable[[], StateReading]
@@ -100,12 +105,12 @@ def ledger_entries(r: StateReading) -> list[tuple[Mapping[str, str], float]]:
     return [({"state": state}, value) for state, value in counts.items()]
 
 
-def ledger_commits(
-    which: int,
+def ledger_writer(
+    count: Callable[[WriterStats], int],
 ) -> Callable[[StateReading], list[tuple[Mapping[str, str], float]]]:
-    """Pick the writer's commits (`which` 0) or the operations they carried (1)."""
+    """Pick one of the ledger writer's counts (nothing without a store)."""
 
     def pick(r: StateReading) -> list[tuple[Mapping[str, str], float]]:
-        return [] if r.ledger_commits is None else [({}, float(r.ledger_commits[which]))]
+        return [] if r.ledger_writer is None else [({}, float(count(r.ledger_writer)))]
 
     return pick
