@@ -64,15 +64,15 @@ class Result:
     cpu_s: float | None
     latencies_s: list[float]
     fresh: int  # TCP connections the upstream saw opened during the calls
-    # Interlock's (ledger writes, durable commits) over the calls, from its /metrics
+    # Interlock's (durable commits, ledger writes they carried) over the calls, from /metrics
     ledger: tuple[float, float] | None = None
 
     @property
     def ledger_cell(self) -> str:
         """Ledger writes per call · per commit ("—" when no commit was made)."""
-        if self.ledger is None or not self.ledger[1]:
+        if self.ledger is None or not self.ledger[0]:
             return "—"
-        writes, commits = self.ledger
+        commits, writes = self.ledger
         return f"{writes / max(1, self.calls):.2f} · {writes / commits:.1f}"
 
     @property
@@ -240,7 +240,7 @@ async def _measure_target(
             before = await _ledger_commits(url) if target in _INTERLOCKS else None
             got = await _drive(url, kind, calls, concurrency, proc, counter)
             if before is not None and (after := await _ledger_commits(url)) is not None:
-                got.ledger = (after[1] - before[1], after[0] - before[0])
+                got.ledger = (after[0] - before[0], after[1] - before[1])
             cell = (target, kind, concurrency)
             best = results.get(cell)
             if best is None or (got.cpu_s or 0.0) < (best.cpu_s or 0.0) or best.cpu_s is None:

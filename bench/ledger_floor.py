@@ -63,7 +63,6 @@ class FloorResult:
     cpu_us_per_pair: float
     pairs_per_commit: int = 1
     through_thread: bool = False
-    durable: bool = True
 
 
 async def measure_floor(folder: Path, seconds: float) -> list[FloorResult]:
@@ -105,7 +104,6 @@ async def measure_floor(folder: Path, seconds: float) -> list[FloorResult]:
             "SQLite synchronous=OFF, bare SQL in the caller's thread (not durable: the same "
             "commits without their fsyncs)",
             *unsynced_result,
-            durable=False,
         ),
     ]
 

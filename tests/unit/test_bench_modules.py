@@ -46,7 +46,7 @@ def test_the_mcp_bench_shows_ledger_writes_per_call_and_per_commit() -> None:
     a cell with no commit shows no figure."""
     from bench.bench_mcp import Result
 
-    result = Result(1000, 0, 1.0, 1.0, [], 0, ledger=(2000.0, 250.0))
+    result = Result(1000, 0, 1.0, 1.0, [], 0, ledger=(250.0, 2000.0))
     assert result.ledger_cell == "2.00 · 8.0"
     assert Result(1000, 0, 1.0, 1.0, [], 0, ledger=(0.0, 0.0)).ledger_cell == "—"
     assert Result(1000, 0, 1.0, 1.0, [], 0).ledger_cell == "—"
