@@ -6,6 +6,8 @@ upstream and the OTLP receiver in this process are not counted. Scenarios:
 
 - off: `telemetry.enabled: false` (no span recorded; metrics still served);
 - on: spans exported over OTLP/HTTP to a local receiver (the test suite's real receiver);
+- on, 10 % sampled: the same with `sample_ratio: 0.1` (a new trace is recorded one time in ten;
+  the other calls make no span to export and no child span);
 - collector down: `otlp_endpoint` on a closed 127.0.0.1 port (export fails, spans dropped).
 
 Calls: a read-only GET and a side-effecting POST (ledger write-ahead, more spans) through the HTTP
@@ -134,20 +136,22 @@ async def _drive(base: str, kind: str, calls: int, proc: psutil.Process) -> Resu
 
 async def _scenario(
     folder: Path, upstream: str, telemetry: str, kinds: list[str], calls: int
-) -> dict[str, Result]:
+) -> tuple[dict[str, Result], int]:
+    """Each kind's measured result, and how many calls were sent in all (warm-ups too)."""
     port = free_port()
     config = _config(folder, port, upstream, telemetry)
     results: dict[str, Result] = {}
+    warm_up = max(20, calls // 10)
     async with _proxy(config, port) as proc:
         base = f"http://127.0.0.1:{port}"
         for kind in kinds:
-            await _drive(base, kind, max(20, calls // 10), proc)  # warm-up
+            await _drive(base, kind, warm_up, proc)
             results[kind] = await _drive(base, kind, calls, proc)
-    return results
+    return results, len(kinds) * (warm_up + calls)
 
 
 async def _run(quick: bool) -> list[Table]:
-    calls = 100 if quick else 300
+    calls = 100 if quick else 1000
     kinds = ["GET"] if quick else ["GET", "POST"]
     rounds = 1 if quick else 2
     rows: list[list[str]] = []
@@ -155,22 +159,28 @@ async def _run(quick: bool) -> list[Table]:
         scenarios = {
             "off": "{enabled: false}",
             "on → receiver": f'{{otlp_endpoint: "{receiver.endpoint}"}}',
+            "on, 10 % sampled": f'{{otlp_endpoint: "{receiver.endpoint}", sample_ratio: 0.1}}',
             "on, collector down": (
                 f'{{otlp_endpoint: "http://127.0.0.1:{free_port()}", export_timeout_s: 1}}'
             ),
         }
         results: dict[str, dict[str, Result]] = {}
+        exported: dict[str, list[int]] = {}  # scenario → [spans received, calls sent]
         # Rounds interleave the scenarios; the least disturbed (lowest CPU) run of each counts,
         # since the machine may be busy with other work.
         for _ in range(rounds):
             for name, telemetry in scenarios.items():
+                received = len(receiver.spans)
                 with tempfile.TemporaryDirectory(prefix="interlock-bench-") as tmp:
-                    got = await _scenario(Path(tmp), upstream, telemetry, kinds, calls)
+                    got, sent = await _scenario(Path(tmp), upstream, telemetry, kinds, calls)
+                # the proxy has stopped: a graceful stop flushed what it had left to export
+                counts = exported.setdefault(name, [0, 0])
+                counts[0] += len(receiver.spans) - received
+                counts[1] += sent
                 best = results.setdefault(name, got)
                 for kind, result in got.items():
                     if result.cpu_s < best[kind].cpu_s:
                         best[kind] = result
-        spans_received = len(receiver.spans)
     for kind in kinds:
         base = results["off"][kind]
         for name, by_kind in results.items():
@@ -187,12 +197,18 @@ async def _run(quick: bool) -> list[Table]:
                     f"{r.percentile(0.99) * 1000:.2f}",
                 ]
             )
+    per_call = "; ".join(
+        f"{name}: {spans / max(sent, 1):.2f}"
+        for name, (spans, sent) in exported.items()
+        if name in ("on → receiver", "on, 10 % sampled")
+    )
     note = (
         f"{_CONCURRENCY} concurrent clients, best of {rounds} interleaved round(s); CPU is the "
         "proxy process's user+system time only. "
         f"GET is read-only (server, queue, attempt spans); POST is side-effecting (adds ledger "
-        f"claim/finish spans). 'collector down' exports to a closed port. The receiver got "
-        f"{spans_received} spans in the 'on → receiver' runs."
+        f"claim/finish spans). '10 % sampled' is `telemetry.sample_ratio: 0.1` (new traces "
+        f"recorded one time in ten). 'collector down' exports to a closed port. Spans the "
+        f"receiver got per call sent (GET and POST together, warm-ups too): {per_call}."
     )
     return [
         Table(

@@ -72,6 +72,7 @@ class TelemetryIn(_Strict):
     enabled: bool = True
     max_queue_size: PositiveInt = 2048
     export_timeout_s: PositiveFloat = 5.0
+    sample_ratio: Fraction = 1.0
     metrics_token_env: str = "INTERLOCK_METRICS_TOKEN"
 
 

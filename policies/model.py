@@ -107,6 +107,8 @@ class TelemetrySettings:
     enabled: bool = True
     max_queue_size: int = 2048
     export_timeout_s: float = 5.0
+    sample_ratio: float = 1.0
+    """The share of new traces recorded (head sampling); a caller's own decision is kept."""
     metrics_token_env: str = "INTERLOCK_METRICS_TOKEN"
     """When this environment variable is set, `/metrics` needs `Authorization: Bearer <it>`."""
 

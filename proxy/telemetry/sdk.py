@@ -33,6 +33,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -294,7 +295,11 @@ def configure_telemetry(
         )
         exporter = _CountingExporter(otlp, gate, dropped)
         delay = _DEFAULT_SCHEDULE_DELAY_S if schedule_delay_s is None else schedule_delay_s
-        tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        # A new trace is recorded with probability `sample_ratio` (by its trace id); a call that
+        # continues a caller's trace keeps the caller's decision. An unsampled call still passes
+        # its trace context upstream, flagged not sampled, and makes no child span.
+        sampler = ParentBased(TraceIdRatioBased(settings.sample_ratio))
+        tracer_provider = TracerProvider(resource=resource, sampler=sampler, shutdown_on_exit=False)
         tracer_provider.add_span_processor(_CountingBatchProcessor(exporter, gate, dropped, delay))
         handle.tracer_provider = tracer_provider
         handle._exporter = exporter

@@ -24,12 +24,15 @@ TRACEPARENT = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
 receiver = otlp_receiver.receiver
 
 
-def start(endpoint: str, *, queue: int = 2048, timeout_s: float = 5.0) -> TelemetryHandle:
+def start(
+    endpoint: str, *, queue: int = 2048, timeout_s: float = 5.0, sample_ratio: float = 1.0
+) -> TelemetryHandle:
     settings = TelemetrySettings(
         service_name="interlock-test",
         otlp_endpoint=endpoint,
         max_queue_size=queue,
         export_timeout_s=timeout_s,
+        sample_ratio=sample_ratio,
     )
     return configure_telemetry(settings, enabled=True, set_global=False, schedule_delay_s=0.02)
 
@@ -161,3 +164,84 @@ async def test_tracing_off_records_nothing(receiver: OtlpReceiver) -> None:
     finally:
         handle.shutdown()
     assert receiver.requests == 0
+
+
+def one_call(name: str, headers: dict[str, str] | None = None) -> dict[str, str]:
+    """A server span with a child, as a proxied call makes them; the upstream's trace headers."""
+    upstream_headers: dict[str, str] = {}
+    with tracing.call_span(name, headers=headers), tracing.child_span("interlock.queue"):
+        tracing.inject_headers(upstream_headers)
+    return upstream_headers
+
+
+def sampled_flag(traceparent: str) -> bool:
+    """The W3C `sampled` bit of a traceparent's flags (other bits, e.g. `random`, may be set)."""
+    version, trace_id, span_id, flags = traceparent.split("-")
+    assert (version, len(trace_id), len(span_id)) == ("00", 32, 16), traceparent
+    return bool(int(flags, 16) & 0x01)
+
+
+async def test_a_sample_ratio_of_zero_records_no_new_trace_yet_passes_one_on(
+    receiver: OtlpReceiver,
+) -> None:
+    """An unsampled call makes no span to export (and no child at all), but the upstream still
+    gets a trace context, marked not sampled, so its own logs can carry the trace id."""
+    handle = start(receiver.endpoint, sample_ratio=0.0)
+    try:
+        with tracing.call_span("tools/call unsampled") as span:
+            assert not span.is_recording()
+            with tracing.child_span("interlock.queue") as child:
+                assert not child.is_recording()
+        upstream = one_call("tools/call unsampled")
+        assert not sampled_flag(upstream["traceparent"])
+        one_call("tools/call sampled by its caller", headers={"traceparent": TRACEPARENT})
+        # both went through the same queue: once the caller-sampled trace is in, so would they be
+        await receiver.wait_for_trace(CALLER_TRACE, 2)
+        await asyncio.to_thread(handle.force_flush, 5.0)
+    finally:
+        handle.shutdown()
+    assert {s.name for s in receiver.spans} == {
+        "tools/call sampled by its caller",
+        "interlock.queue",
+    }
+    assert handle.spans_dropped == 0
+
+
+async def test_the_callers_sampling_decision_wins_over_the_ratio(receiver: OtlpReceiver) -> None:
+    """Parent-based: a caller's `sampled` flag is kept whatever the ratio, either way."""
+    unsampled_caller = f"00-{'5' * 32}-{CALLER_SPAN}-00"
+    handle = start(receiver.endpoint, sample_ratio=1.0)
+    try:
+        upstream = one_call("tools/call caller said no", headers={"traceparent": unsampled_caller})
+        assert upstream["traceparent"].startswith(f"00-{'5' * 32}-")
+        assert not sampled_flag(upstream["traceparent"])
+        assert sampled_flag(
+            one_call("tools/call caller said yes", {"traceparent": TRACEPARENT})["traceparent"]
+        )
+        await receiver.wait_for_trace(CALLER_TRACE, 2)
+        await asyncio.to_thread(handle.force_flush, 5.0)
+    finally:
+        handle.shutdown()
+    assert receiver.trace("5" * 32) == []
+    assert len(receiver.trace(CALLER_TRACE)) == 2
+
+
+async def test_a_sample_ratio_records_about_that_share_of_new_traces(
+    receiver: OtlpReceiver,
+) -> None:
+    """0.5 of 400 new traces: each whole (server span and child) or not at all. The bounds are
+    ten standard deviations wide (binomial 400 × 0.5: σ = 10), so only a wiring bug misses."""
+    handle = start(receiver.endpoint, sample_ratio=0.5)
+    try:
+        for i in range(400):
+            one_call(f"tools/call t{i}")
+        await asyncio.to_thread(handle.force_flush, 5.0)
+    finally:
+        handle.shutdown()
+    traces: dict[str, list[str]] = {}
+    for span in receiver.spans:
+        traces.setdefault(span.trace_id, []).append(span.name)
+    assert 100 <= len(traces) <= 300, len(traces)
+    assert all(
+        sorted(names)[0] == "interlock.queue" and len(names) == 2 for names in traces.values()
+    )

@@ -140,6 +140,13 @@ def test_a_header_that_cannot_be_sent_as_it_is_is_a_config_error(
     assert "secret" not in str(caught.value)
 
 
+def test_telemetry_sample_ratio_defaults_to_every_trace_and_parses():
+    """Head sampling of new traces: 1.0 (all) unless `telemetry.sample_ratio` says otherwise."""
+    assert parse(MINIMAL).telemetry.sample_ratio == 1.0
+    config = parse("telemetry: {sample_ratio: 0.05}\n" + textwrap.dedent(MINIMAL))
+    assert config.telemetry.sample_ratio == 0.05
+
+
 def test_upstream_kind_and_not_executed_statuses_parse():
     """`kind` declares a model provider (default generic); `not_executed_statuses` is a set."""
     config = parse(
@@ -343,6 +350,15 @@ BAD_FILES = {
         """,
         2,
         ["limits.tenant.rate_per_s", "greater than 0"],
+    ),
+    "sample ratio above one": (
+        """\
+        telemetry: {sample_ratio: 1.5}
+        upstreams:
+          mail: {mcp: "http://127.0.0.1:9001/mcp"}
+        """,
+        1,
+        ["telemetry.sample_ratio", "1.5", "less than or equal to 1"],
     ),
     "bad listen address": (
         """\
