@@ -6,13 +6,15 @@ real aiohttp server); spans exported by the proxy's SDK to `OtlpReceiver`.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from pathlib import Path
 
 import pytest
 from aiohttp import ClientSession
 
-from proxy.telemetry.sdk import TelemetryHandle
+from policies.model import TelemetrySettings
+from proxy.telemetry.sdk import TelemetryHandle, configure_telemetry
 from proxy.telemetry.tracing import hash_key
 from tests.integration import fake_provider, otlp_receiver
 from tests.integration.fake_provider import FakeProvider
@@ -238,3 +240,38 @@ async def test_http_timeout_becomes_unknown(
         "http/pipeline.py: server span status ERROR for the proxy's own 5xx answers",
     )
     gaps.report()
+
+
+async def test_an_unsampled_call_exports_nothing_and_still_tells_the_upstream_its_trace(
+    provider: FakeProvider, receiver: OtlpReceiver, tmp_path: Path
+) -> None:
+    """`sample_ratio: 0`: a call without a caller's trace is not recorded, yet the provider gets
+    a traceparent flagged not sampled; a caller's sampled trace is still recorded whole."""
+    settings = TelemetrySettings(otlp_endpoint=receiver.endpoint, sample_ratio=0.0)
+    handle = configure_telemetry(settings, enabled=True, set_global=False, schedule_delay_s=0.02)
+    body = {"model": "fake-4o", "messages": [{"role": "user", "content": "hi"}]}
+    caller = Caller()
+    try:
+        async with running_proxy(config(provider), tmp_path) as proxy:
+            url = f"{proxy.base}/http/llm/v1/chat/completions"
+            async with ClientSession() as session:
+                async with session.post(url, json=body) as answer:
+                    assert answer.status == 200
+                async with session.post(url, json=body, headers=caller.headers) as answer:
+                    assert answer.status == 200
+            root = await server_tree(receiver, caller)  # exported after the unsampled one
+            await asyncio.to_thread(handle.force_flush, 5.0)
+    finally:
+        await asyncio.to_thread(handle.shutdown)
+    unsampled, sampled = (
+        {k.lower(): v for k, v in received.headers.items()}["traceparent"]
+        for received in provider.received
+    )
+    version, trace_id, _span_id, flags = unsampled.split("-")
+    assert version == "00"
+    assert trace_id != caller.trace_id
+    assert int(flags, 16) & 0x01 == 0
+    assert sampled.startswith(f"00-{caller.trace_id}-")
+    assert int(sampled[-2:], 16) & 0x01
+    assert {span.trace_id for span in receiver.spans} == {caller.trace_id}
+    assert root.find("interlock.upstream.attempt")
