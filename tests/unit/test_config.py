@@ -145,6 +145,7 @@ def test_telemetry_sample_ratio_defaults_to_every_trace_and_parses():
     assert parse(MINIMAL).telemetry.sample_ratio == 1.0
     config = parse("telemetry: {sample_ratio: 0.05}\n" + textwrap.dedent(MINIMAL))
     assert config.telemetry.sample_ratio == 0.05
+    assert parse(MINIMAL, INTERLOCK_TELEMETRY_SAMPLE_RATIO="0.2").telemetry.sample_ratio == 0.2
 
 
 def test_upstream_kind_and_not_executed_statuses_parse():
