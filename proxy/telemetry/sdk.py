@@ -2,7 +2,8 @@
 
 `interlock serve` calls `configure_telemetry` once, before `create_app`. It builds
 
-- a `TracerProvider` (resource `service.name`) whose spans go through a bounded batch queue to an
+- a `TracerProvider` (resource `service.name`; new traces head-sampled at `sample_ratio`, a
+  caller's decision kept) whose spans go through a bounded batch queue to an
   OTLP/HTTP exporter at `{otlp_endpoint}/v1/traces`, on a worker thread, so a collector that is
   down or slow never slows a proxied call: when the queue is full, spans are dropped and counted
   in `interlock.telemetry.spans_dropped` (reason `queue_full`), as are spans of failed exports
