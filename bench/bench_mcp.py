@@ -40,7 +40,14 @@ from typing import Any
 import psutil
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
-from bench.common import Table, bench_process, connections_seen, cpu_s, free_port
+from bench.common import (
+    Table,
+    bench_process,
+    connections_seen,
+    cpu_s,
+    free_port,
+    main_thread_cpu_s,
+)
 from bench.mcp_upstream import counted_upstream
 
 __all__ = ["run"]
@@ -66,6 +73,14 @@ class Result:
     fresh: int  # TCP connections the upstream saw opened during the calls
     # Interlock's (durable commits, ledger writes they carried) over the calls, from /metrics
     ledger: tuple[float, float] | None = None
+    loop_cpu_s: float | None = None  # the proxy's main thread (its event loop) alone
+
+    @property
+    def loop_cell(self) -> str:
+        """The event loop's CPU µs per call ("—" when not measured)."""
+        if self.loop_cpu_s is None:
+            return "—"
+        return f"{self.loop_cpu_s / max(1, self.calls) * 1e6:.0f}"
 
     @property
     def ledger_cell(self) -> str:
@@ -212,13 +227,16 @@ async def _drive(
     async with ClientSession(connector=connector, timeout=timeout) as session:
         opened = await connections_seen(counter)
         before = cpu_s(proc) if proc is not None else None
+        loop_before = main_thread_cpu_s(proc) if proc is not None else None
         started = time.perf_counter()
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
         wall = time.perf_counter() - started
         after = cpu_s(proc) if proc is not None else None
+        loop_after = main_thread_cpu_s(proc) if proc is not None else None
         fresh = await connections_seen(counter) - opened
     cpu = after - before if before is not None and after is not None else None
-    return Result(calls, errors, wall, cpu, latencies, fresh)
+    loop = loop_after - loop_before if loop_before is not None and loop_after is not None else None
+    return Result(calls, errors, wall, cpu, latencies, fresh, loop_cpu_s=loop)
 
 
 Cell = tuple[str, str, int]  # (target, kind, concurrency)
@@ -310,6 +328,7 @@ def _table(results: dict[Cell, Result], calls: int, rounds: int) -> Table:
                         str(r.errors),
                         f"{r.per_s:.0f}",
                         "—" if cpu is None else f"{cpu:.0f}",
+                        r.loop_cell,
                         ratio,
                         f"{statistics.median(r.latencies_s) * 1000:.2f}",
                         f"{r.percentile(0.99) * 1000:.2f}",
@@ -320,7 +339,9 @@ def _table(results: dict[Cell, Result], calls: int, rounds: int) -> Table:
     note = (
         f"{calls} stateless (2026-07-28) tools/call per cell after a warm-up, best of {rounds} "
         "interleaved round(s). CPU is the proxy process's CPU time only, all threads (direct has "
-        "no proxy). read-only = search_docs (readOnlyHint: admission only); side-effecting = "
+        "no proxy); 'of which event loop' is its main thread alone, the rest being its other "
+        "threads (Interlock's: the ledger's writer). read-only = search_docs (readOnlyHint: "
+        "admission only); side-effecting = "
         "send_email with fresh arguments (ledger write-ahead + outcome, SQLite durability full). "
         "transport = interlock with the tools/call pipeline bypassed (the transport's own cost). "
         "asyncio loop = interlock on the standard asyncio event loop (`--loop asyncio`), a "
@@ -343,6 +364,7 @@ def _table(results: dict[Cell, Result], calls: int, rounds: int) -> Table:
             "errors",
             "calls/s",
             "CPU µs/call",
+            "of which event loop",
             "vs bare",
             "p50 ms",
             "p99 ms",

@@ -104,6 +104,15 @@ def cpu_s(proc: psutil.Process) -> float:
     return total_ns / 1e9
 
 
+def main_thread_cpu_s(proc: psutil.Process) -> float | None:
+    """CPU seconds of `proc`'s main thread alone (where `interlock serve` runs its event loop;
+    the rest is its other threads: the ledger's writer, the span exporter). None off Linux."""
+    try:
+        return int(Path(f"/proc/{proc.pid}/task/{proc.pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def rss_mb(proc: psutil.Process) -> float:
     """Resident memory of `proc` in MB (10^6 bytes)."""
     return float(proc.memory_info().rss) / 1e6

@@ -50,3 +50,47 @@ def test_the_mcp_bench_shows_ledger_writes_per_call_and_per_commit() -> None:
     assert result.ledger_cell == "2.00 · 8.0"
     assert Result(1000, 0, 1.0, 1.0, [], 0, ledger=(0.0, 0.0)).ledger_cell == "—"
     assert Result(1000, 0, 1.0, 1.0, [], 0).ledger_cell == "—"
+
+
+def test_the_main_threads_cpu_is_read_apart_from_the_other_threads() -> None:
+    """The MCP table splits a proxy's CPU into its event loop (the main thread) and the rest (the
+    ledger's writer thread): 50 ms burnt by another thread count in the whole, not the loop's."""
+    import threading
+    import time
+
+    import psutil
+
+    from bench.common import cpu_s, main_thread_cpu_s
+
+    proc = psutil.Process()
+    total_before, main_before = cpu_s(proc), main_thread_cpu_s(proc)
+
+    burnt, release = threading.Event(), threading.Event()
+
+    def burn() -> None:  # a live thread's CPU counts; an ended one's leaves the process's tasks
+        started = time.thread_time()
+        while time.thread_time() - started < 0.05:
+            pass
+        burnt.set()
+        release.wait(10)
+
+    worker = threading.Thread(target=burn)
+    worker.start()
+    try:
+        assert burnt.wait(10)
+        total_after, main_after = cpu_s(proc), main_thread_cpu_s(proc)
+    finally:
+        release.set()
+        worker.join()
+    assert main_before is not None
+    assert main_after is not None
+    assert total_after - total_before >= 0.05
+    assert main_after - main_before < 0.025
+
+
+def test_the_mcp_bench_shows_the_event_loops_share_of_a_call() -> None:
+    from bench.bench_mcp import Result
+
+    result = Result(1000, 0, 1.0, 0.6, [], 0, loop_cpu_s=0.45)
+    assert result.loop_cell == "450"
+    assert Result(1000, 0, 1.0, 0.6, [], 0).loop_cell == "—"
