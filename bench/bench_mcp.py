@@ -47,6 +47,7 @@ from bench.common import (
     cpu_s,
     free_port,
     main_thread_cpu_s,
+    serve_argv,
 )
 from bench.mcp_upstream import counted_upstream
 
@@ -134,12 +135,11 @@ async def _interlock(
     with tempfile.TemporaryDirectory(prefix="interlock-bench-mcp-") as tmp:
         port = free_port()
         config = _interlock_config(Path(tmp), port, upstream)
-        serve = ["serve", "--config", str(config), "--loop", loop]
+        serve = ["--config", str(config), "--loop", loop]
         if transport_only:
-            args = [sys.executable, "-m", "bench.bench_mcp", "--transport-only", *serve]
+            args = [sys.executable, "-m", "bench.bench_mcp", "--transport-only", "serve", *serve]
         else:
-            program = "import sys; from proxy.ops.cli import main; sys.exit(main())"
-            args = [sys.executable, "-c", program, *serve]
+            args = serve_argv(*serve)
         async with _process(args, f"http://127.0.0.1:{port}/healthz") as proc:
             yield f"http://127.0.0.1:{port}/mcp/up", proc
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import psutil
 
-from bench.common import Table, bench_process, cpu_s, free_port
+from bench.common import Table, bench_process, cpu_s, free_port, serve_argv
 from bench.overload_clients import BACKGROUND, CLIENTS, LoopLag, Outcomes, closed_loop, paced, pct
 
 __all__ = ["run"]
@@ -125,11 +125,17 @@ class Variant:
 
 
 def _serve_args(config: Path, *, records: bool) -> list[str]:
-    serve = ["serve", "--config", str(config)]
     if not records:
-        return [sys.executable, "-m", "bench.bench_overload", "--no-records", *serve]
-    program = "import sys; from proxy.ops.cli import main; sys.exit(main())"
-    return [sys.executable, "-c", program, *serve]
+        return [
+            sys.executable,
+            "-m",
+            "bench.bench_overload",
+            "--no-records",
+            "serve",
+            "--config",
+            str(config),
+        ]
+    return serve_argv("--config", str(config))
 
 
 async def _round(url: str, proc: psutil.Process, quick: bool) -> Round:

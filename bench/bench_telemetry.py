@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import statistics
-import sys
 import tempfile
 import textwrap
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 import psutil
 from aiohttp import ClientSession, web
 
-from bench.common import Table, bench_process, free_port
+from bench.common import Table, bench_process, free_port, serve_argv
 from tests.integration.otlp_receiver import OtlpReceiver
 
 __all__ = ["run"]
@@ -98,9 +97,7 @@ def _config(folder: Path, port: int, upstream: str, telemetry: str) -> Path:
 
 def _proxy(config: Path, port: int) -> AbstractAsyncContextManager[psutil.Process]:
     """`interlock serve` as a subprocess, ready (its /healthz answers) when yielded."""
-    program = "import sys; from proxy.ops.cli import main; sys.exit(main())"
-    argv = [sys.executable, "-c", program, "serve", "--config", str(config)]
-    return bench_process(argv, f"http://127.0.0.1:{port}/healthz")
+    return bench_process(serve_argv("--config", str(config)), f"http://127.0.0.1:{port}/healthz")
 
 
 async def _drive(base: str, kind: str, calls: int, proc: psutil.Process) -> Result:
@@ -200,9 +197,7 @@ async def _run(quick: bool) -> list[Table]:
                 ]
             )
     per_call = "; ".join(
-        f"{name}: {spans / max(sent, 1):.2f}"
-        for name, (spans, sent) in exported.items()
-        if name in ("on → receiver", "on, 10 % sampled")
+        f"{name}: {spans / max(sent, 1):.2f}" for name, (spans, sent) in exported.items()
     )
     note = (
         f"{_CONCURRENCY} concurrent clients, best of {rounds} interleaved round(s); CPU is the "

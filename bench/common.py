@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -88,6 +89,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+_SERVE = "import sys; from proxy.ops.cli import main; sys.exit(main())"
+
+
+def serve_argv(*args: str) -> list[str]:
+    """The command line of `interlock serve ARGS` from this checkout (no installed script)."""
+    return [sys.executable, "-c", _SERVE, "serve", *args]
+
+
+def _task_cpu_ns(task: Path) -> int:
+    """CPU nanoseconds of one thread (`/proc/PID/task/TID`), from its schedstat."""
+    return int((task / "schedstat").read_text().split()[0])
+
+
 def cpu_s(proc: psutil.Process) -> float:
     """CPU seconds used by all threads of `proc`: nanosecond schedstat on Linux, else psutil.
 
@@ -97,7 +111,7 @@ def cpu_s(proc: psutil.Process) -> float:
     try:
         for task in Path(f"/proc/{proc.pid}/task").iterdir():
             with contextlib.suppress(OSError):
-                total_ns += int((task / "schedstat").read_text().split()[0])
+                total_ns += _task_cpu_ns(task)
     except OSError:
         times = proc.cpu_times()
         return float(times.user + times.system)
@@ -108,8 +122,8 @@ def main_thread_cpu_s(proc: psutil.Process) -> float | None:
     """CPU seconds of `proc`'s main thread alone (where `interlock serve` runs its event loop;
     the rest is its other threads: the ledger's writer, the span exporter). None off Linux."""
     try:
-        return int(Path(f"/proc/{proc.pid}/task/{proc.pid}/schedstat").read_text().split()[0]) / 1e9
-    except (OSError, ValueError, IndexError):
+        return _task_cpu_ns(Path(f"/proc/{proc.pid}/task/{proc.pid}")) / 1e9
+    except OSError:
         return None
 
 
