@@ -263,10 +263,23 @@ async def receiver() -> AsyncIterator[OtlpReceiver]:
         yield running
 
 
+def export_to(endpoint: str, **settings: Any) -> TelemetryHandle:
+    """The proxy's telemetry exporting every 20 ms to `endpoint` (other `TelemetrySettings` as
+    given), not installed as the process-global provider."""
+    configured = TelemetrySettings(otlp_endpoint=endpoint, **settings)
+    return configure_telemetry(configured, enabled=True, set_global=False, schedule_delay_s=0.02)
+
+
+def sampled_flag(traceparent: str) -> bool:
+    """The W3C `sampled` bit of a traceparent's flags (other bits, e.g. `random`, may be set)."""
+    version, trace_id, span_id, flags = traceparent.split("-")
+    assert (version, len(trace_id), len(span_id)) == ("00", 32, 16), traceparent
+    return bool(int(flags, 16) & 0x01)
+
+
 @pytest.fixture
 async def traced(receiver: OtlpReceiver) -> AsyncIterator[TelemetryHandle]:
     """The proxy's telemetry, exporting every 20 ms to the test's receiver."""
-    settings = TelemetrySettings(service_name="interlock", otlp_endpoint=receiver.endpoint)
-    handle = configure_telemetry(settings, enabled=True, set_global=False, schedule_delay_s=0.02)
+    handle = export_to(receiver.endpoint, service_name="interlock")
     yield handle
     await asyncio.to_thread(handle.shutdown)

@@ -14,7 +14,7 @@ from policies.model import TelemetrySettings
 from proxy.telemetry import tracing
 from proxy.telemetry.sdk import TelemetryHandle, configure_telemetry
 from tests.integration import otlp_receiver
-from tests.integration.otlp_receiver import OtlpReceiver
+from tests.integration.otlp_receiver import OtlpReceiver, export_to, sampled_flag
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
@@ -27,14 +27,13 @@ receiver = otlp_receiver.receiver
 def start(
     endpoint: str, *, queue: int = 2048, timeout_s: float = 5.0, sample_ratio: float = 1.0
 ) -> TelemetryHandle:
-    settings = TelemetrySettings(
+    return export_to(
+        endpoint,
         service_name="interlock-test",
-        otlp_endpoint=endpoint,
         max_queue_size=queue,
         export_timeout_s=timeout_s,
         sample_ratio=sample_ratio,
     )
-    return configure_telemetry(settings, enabled=True, set_global=False, schedule_delay_s=0.02)
 
 
 def dropped_metric(handle: TelemetryHandle) -> dict[str, float]:
@@ -172,13 +171,6 @@ def one_call(name: str, headers: dict[str, str] | None = None) -> dict[str, str]
     with tracing.call_span(name, headers=headers), tracing.child_span("interlock.queue"):
         tracing.inject_headers(upstream_headers)
     return upstream_headers
-
-
-def sampled_flag(traceparent: str) -> bool:
-    """The W3C `sampled` bit of a traceparent's flags (other bits, e.g. `random`, may be set)."""
-    version, trace_id, span_id, flags = traceparent.split("-")
-    assert (version, len(trace_id), len(span_id)) == ("00", 32, 16), traceparent
-    return bool(int(flags, 16) & 0x01)
 
 
 async def test_a_sample_ratio_of_zero_records_no_new_trace_yet_passes_one_on(
