@@ -237,3 +237,17 @@ async def test_a_sample_ratio_records_about_that_share_of_new_traces(
     assert all(
         sorted(names)[0] == "interlock.queue" and len(names) == 2 for names in traces.values()
     )
+
+
+async def test_the_ratio_is_the_whole_sampling_configuration(
+    receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`OTEL_TRACES_SAMPLER` in the environment does not override `telemetry.sample_ratio`."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    handle = start(receiver.endpoint, sample_ratio=1.0)
+    try:
+        one_call("tools/call recorded")
+        spans = await receiver.wait_for(lambda ss: len(ss) >= 2)
+    finally:
+        handle.shutdown()
+    assert {s.name for s in spans} == {"tools/call recorded", "interlock.queue"}
