@@ -250,39 +250,46 @@ async def test_stdio_exchange_rewrites_ids_and_tokens_and_restores_them(shared: 
 
 
 # A JSON-lines server that writes each answer's result before its id (as the TypeScript SDK's
-# servers do) and echoes the id it was sent inside that result.
+# servers do) and echoes the id it was sent inside that result; with a progress token, it first
+# sends one progress notification that echoes the token in its message, before the token member.
 _ECHO_FIRST = (
     "import json, sys\n"
     "for line in sys.stdin:\n"
     "    request = json.loads(line)\n"
+    "    token = request['params'].get('_meta', {}).get('progressToken')\n"
+    "    if token is not None:\n"
+    "        params = {'message': token, 'progressToken': token, 'progress': 1}\n"
+    "        note = {'jsonrpc': '2.0', 'method': 'notifications/progress', 'params': params}\n"
+    "        print(json.dumps(note), flush=True)\n"
     "    answer = {'result': {'seen': request['id']}, 'jsonrpc': '2.0', 'id': request['id']}\n"
     "    print(json.dumps(answer), flush=True)\n"
 )
 
 
 async def test_a_shared_process_that_echoes_the_minted_id_still_answers_under_the_clients_id():
-    """The minted id is put back in the answer's bytes at its first occurrence; a server that
-    writes its result first and echoes the id there gets that copy replaced, and the bytes the
-    client is sent are then encoded afresh from the message: the client's id, the server's
-    result as it was."""
+    """The minted id is put back in the answer's bytes only where the bytes say unambiguously
+    which occurrence is the id member: a server that writes its result first and echoes the id
+    there leaves two, so the answer is encoded afresh: the client's id, the server's result as
+    it was (not the echo replaced). The same holds for a progress notification's token."""
     spec = stdio_upstream("echo", command=(sys.executable, "-c", _ECHO_FIRST))
     process = StdioProcess(spec, shared=True, max_line_bytes=1 << 20)
     await process.start()
+    relay = Collected()
     try:
         answer = await process.exchange(
-            _request(7, "anything"), raw=None, relay=Collected(), timeout_s=10
+            _request(7, "anything", token="t-7"), raw=None, relay=relay, timeout_s=10
         )
     finally:
         await process.close()
     minted = answer["result"]["seen"]
     assert isinstance(minted, str)
     assert minted.startswith("interlock-")
-    assert json.loads(answer.raw)["result"] == {"seen": 7}  # the echo was replaced, not the id
-    assert json.loads(wire_bytes(answer)) == {
-        "result": {"seen": minted},
-        "jsonrpc": "2.0",
-        "id": 7,
-    }
+    expected = {"result": {"seen": minted}, "jsonrpc": "2.0", "id": 7}
+    assert answer == expected
+    assert json.loads(wire_bytes(answer)) == expected
+    [note] = relay.messages
+    assert note["params"]["progressToken"] == "t-7"
+    assert note["params"]["message"].startswith("interlock-")  # the server's echo, as it was
 
 
 async def test_stdio_timeout_cancels_the_request_in_the_process(shared: StdioProcess):

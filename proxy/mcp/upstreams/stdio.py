@@ -297,7 +297,11 @@ class StdioProcess:
         token = progress_token(message) if message["method"] == "notifications/progress" else None
         pending = self._tokens.get(id_key(token)) if token is not None else None
         if pending is not None:
-            pending.delivery.put(restore(message.raw, pending.wire_token, pending.original_token))
+            raw = restore(message.raw, pending.wire_token, pending.original_token)
+            if raw is None:
+                params = {**message["params"], "progressToken": pending.original_token}
+                raw = dumps({**message, "params": params})
+            pending.delivery.put(raw)
             return
         if self.shared:
             log.debug("%s: dropping an unrouted message %s", self.spec.name, message["method"])
@@ -325,8 +329,10 @@ class StdioProcess:
             )
             return
         if self.shared:
+            answer = {**message, "id": pending.original_id}
             raw = restore(message.raw, pending.wire_id, pending.original_id)
-            message = WireMessage({**message, "id": pending.original_id}, raw)
+            pending.future.set_result(WireMessage(answer, raw or dumps(answer)))
+            return
         pending.future.set_result(message)
 
     async def _read_stderr(self) -> None:

@@ -2,7 +2,8 @@
 
 Clients' own ids may collide, so each request gets an id (and, if it asked for progress, a token)
 minted by the process's `WireIds`: unique strings under a random prefix. The answer's bytes get
-the client's value back in place of the minted one (`restore`).
+the client's value back in place of the minted one (`restore`), or, when the bytes do not say
+where the minted value is, are encoded afresh with it.
 """
 
 from __future__ import annotations
@@ -37,14 +38,18 @@ class WireIds:
         return wire_id, wire_token, rewritten
 
 
-def restore(raw: bytes, wire_value: Any, original: Any) -> bytes:
-    """Put the client's id (or token) back in place of the minted one, in the bytes.
+def restore(raw: bytes, wire_value: Any, original: Any) -> bytes | None:
+    """The bytes with the client's id (or token) back in place of the minted one; `None` when
+    the bytes do not say which occurrence is the member (the caller encodes the message afresh).
 
-    The minted value is a unique string under a random prefix, so its first occurrence is the
-    member that carries it, whatever the order of the members; a server that echoed it inside
-    its result as well could get that copy replaced instead, which `wire_bytes` then catches
-    (the bytes no longer say what the message says, so the message is encoded afresh).
+    The minted value is a unique string under a random prefix (letters, digits, dashes: nothing
+    a JSON encoder escapes), so when it occurs once it is the member that carries it, whatever
+    the order of the members. A server that echoed it elsewhere as well (inside its result)
+    leaves two, and one written with escapes leaves none: neither is guessed at.
     """
     if wire_value == original:
         return raw
-    return raw.replace(dumps(wire_value), dumps(original), 1)
+    minted = dumps(wire_value)
+    if raw.count(minted) != 1:
+        return None
+    return raw.replace(minted, dumps(original), 1)
