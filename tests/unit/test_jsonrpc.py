@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 
 import pytest
 from aiohttp import web
@@ -13,6 +12,8 @@ from hypothesis import strategies as st
 
 from policies.answers import CODE_INVALID_REQUEST, CODE_PARSE_ERROR
 from proxy.mcp.catalog import CATALOG, ToolCatalog, learn_tools
+from proxy.mcp.upstreams.stdio_ids import restore
+from proxy.mcp.wire import jsonrpc
 from proxy.mcp.wire.headers import (
     client_response_headers,
     is_modern,
@@ -21,6 +22,7 @@ from proxy.mcp.wire.headers import (
 )
 from proxy.mcp.wire.jsonrpc import (
     InvalidBody,
+    StaleWireBytes,
     WireMessage,
     dumps,
     id_key,
@@ -147,12 +149,67 @@ def test_unchanged_wire_message_keeps_its_exact_bytes():
     assert wire_bytes(message) == raw
 
 
-def test_edited_wire_message_is_reencoded():
-    """A WireMessage changed in place, even deep inside, is re-encoded rather than sent stale."""
-    message = WireMessage({"id": 1, "result": {"content": [{"text": "a"}]}}, b"{}")
-    message["result"]["content"][0]["text"] = "b"
-    assert json.loads(wire_bytes(message))["result"]["content"][0]["text"] == "b"
+def test_a_wire_message_cannot_be_edited_and_a_changed_copy_is_encoded():
+    """A WireMessage refuses every change to its members (its bytes would go stale); a new dict
+    made from it is what a change looks like, and that is encoded afresh."""
+    message = read_upstream_message(b'{"jsonrpc":"2.0","id":1,"result":{"n":1}}')
+    assert message is not None
+    edits = [
+        lambda m: m.__setitem__("id", 2),
+        lambda m: m.__delitem__("id"),
+        lambda m: m.pop("id"),
+        lambda m: m.popitem(),
+        lambda m: m.clear(),
+        lambda m: m.update(id=2),
+        lambda m: m.setdefault("error", {}),
+        lambda m: m.__ior__({"id": 2}),
+    ]
+    for edit in edits:
+        with pytest.raises(TypeError, match="build a new dict"):
+            edit(message)
+    assert message == {"jsonrpc": "2.0", "id": 1, "result": {"n": 1}}
+    changed = {**message, "id": "a"}
+    assert wire_bytes(changed) == b'{"jsonrpc":"2.0","id":"a","result":{"n":1}}'
     assert wire_bytes({"a": "é"}) == dumps({"a": "é"}) == '{"a":"é"}'.encode()
+
+
+def test_a_wire_message_edited_deep_inside_fails_the_check(monkeypatch: pytest.MonkeyPatch):
+    """A nested value edited in place cannot be refused, and production does not re-read the
+    bytes to notice: under `INTERLOCK_CHECK_WIRE=1` (the test suite's setting) sending it fails
+    loudly instead of sending the stale bytes."""
+    monkeypatch.setattr(jsonrpc, "_CHECK_WIRE", True)
+    message = read_upstream_message(b'{"id":1,"result":{"content":[{"text":"a"}]}}')
+    assert message is not None
+    assert wire_bytes(message) == b'{"id":1,"result":{"content":[{"text":"a"}]}}'
+    message["result"]["content"][0]["text"] = "b"
+    with pytest.raises(StaleWireBytes):
+        wire_bytes(message)
+    monkeypatch.setattr(jsonrpc, "_CHECK_WIRE", False)
+    assert wire_bytes(message) == message.raw  # production: not parsed again
+
+
+def test_a_single_client_message_keeps_its_bytes_and_a_batchs_do_not():
+    """A one-message body is a WireMessage of the body's bytes (they go upstream as they are when
+    nothing changes the message); a batch's messages have no bytes of their own."""
+    raw = b' {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}\n'
+    body = parse_body(raw).single.body
+    assert isinstance(body, WireMessage)
+    assert body.raw == raw
+    batch = parse_body(b'[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","method":"b"}]')
+    assert not any(isinstance(m.body, WireMessage) for m in batch.messages)
+    with pytest.raises(InvalidBody):
+        parse_body(b"7")
+
+
+def test_a_minted_value_is_put_back_only_where_the_bytes_are_unambiguous():
+    """`restore` replaces the minted id when it occurs exactly once; echoed (twice) or written
+    with escapes (not found), it answers None so the message is encoded afresh."""
+    minted, mine = "interlock-ab12-3", 7
+    once = b'{"result":{"ok":1},"id":"interlock-ab12-3"}'
+    assert restore(once, minted, mine) == b'{"result":{"ok":1},"id":7}'
+    assert restore(b'{"result":"interlock-ab12-3","id":"interlock-ab12-3"}', minted, mine) is None
+    assert restore(b'{"id":"\\u0069nterlock-ab12-3"}', minted, mine) is None
+    assert restore(once, mine, mine) is once  # nothing was minted
 
 
 # --- SSE ---

@@ -114,7 +114,9 @@ class McpRunner:
             return
 
         async def send(request: JsonObject, attempt_s: float) -> JsonObject:
-            return await channel.exchange(request, raw=None, relay=NoRelay(), timeout_s=attempt_s)
+            return await channel.exchange(
+                request, original=None, relay=NoRelay(), timeout_s=attempt_s
+            )
 
         plan = ForwardPlan(
             app=app,

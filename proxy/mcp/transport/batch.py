@@ -119,7 +119,6 @@ async def _answer(
                     spec=pc.spec,
                     channel=channel,
                     message=message,
-                    raw=None,
                     reply=reply,
                     gone=gone,
                     session_id=pc.session_id,
@@ -128,7 +127,7 @@ async def _answer(
                 )
             else:
                 answer = await channel.exchange(
-                    message.body, raw=None, relay=reply, timeout_s=pc.timeout_s
+                    message.body, original=None, relay=reply, timeout_s=pc.timeout_s
                 )
         except UpstreamError as exc:
             outcome.error_type = type(exc).__name__

@@ -40,7 +40,6 @@ async def run_tools_call(
     spec: UpstreamSpec,
     channel: UpstreamChannel,
     message: Message,
-    raw: bytes | None,
     reply: ClientReply,
     gone: asyncio.Event,
     session_id: str | None,
@@ -71,7 +70,7 @@ async def run_tools_call(
     async def send_upstream(outgoing: JsonObject, timeout_s: float) -> JsonObject:
         return await channel.exchange(
             outgoing,
-            raw=raw,
+            original=message.body,  # a WireMessage unless in a batch
             relay=reply,
             timeout_s=timeout_s,
             cancel=gone if modern else None,

@@ -86,7 +86,6 @@ async def _tools_call(
                 spec=pc.spec,
                 channel=channel,
                 message=message,
-                raw=pc.raw,
                 reply=reply,
                 gone=gone,
                 session_id=pc.session_id,
@@ -201,7 +200,7 @@ async def _stdio_passthrough(
         with pc.transport.watcher.watch(pc.request, gone):
             answer = await channel.exchange(
                 message.body,
-                raw=pc.raw,
+                original=message.body,
                 relay=reply,
                 timeout_s=pc.timeout_s,
                 cancel=gone if pc.modern else None,

@@ -14,14 +14,13 @@ from typing import Protocol
 
 from policies.model import UpstreamSpec
 from proxy.errors import UpstreamError, UpstreamNotReached
-from proxy.json_codec import loads
 from proxy.mcp.catalog import ParamHeaders
 from proxy.mcp.upstreams.http_pool import send
 from proxy.mcp.upstreams.relay import Relay
 from proxy.mcp.upstreams.stdio import StdioProcess
 from proxy.mcp.upstreams.streamable_http import exchange_http
 from proxy.mcp.wire.headers import modern_routing_headers, upstream_request_headers
-from proxy.mcp.wire.jsonrpc import JsonObject, WireMessage, dumps
+from proxy.mcp.wire.jsonrpc import JsonObject, WireMessage, dumps, wire_bytes
 from proxy.runtime.http1 import Pool
 from proxy.telemetry.tracing import inject_headers
 
@@ -37,26 +36,31 @@ class UpstreamChannel(Protocol):
         self,
         message: JsonObject,
         *,
-        raw: bytes | None,
+        original: JsonObject | None,
         relay: Relay,
         timeout_s: float,
         cancel: asyncio.Event | None = None,
     ) -> WireMessage:
-        """Send a request, return its response (raises the `proxy.errors` tree)."""
+        """Send a request, return its response (raises the `proxy.errors` tree).
+
+        `original` is the client's message as it arrived (`message` may be the pipeline's
+        changed copy of it); when it is a `WireMessage` saying what `message` says, its bytes
+        are sent.
+        """
 
     async def post(self, message: JsonObject, raw: bytes | None) -> None:
         """Send a notification or a response (raises `UpstreamError` if it cannot be sent)."""
 
 
-def _unchanged(message: JsonObject, original: JsonObject | None) -> bool:
-    """Whether `message` says what the client's `original` said (the client's bytes can go)."""
-    return original is not None and message == original
+def _client_bytes(message: JsonObject, original: JsonObject | None) -> bytes | None:
+    """The client's own bytes, when `message` says what the client's `original` said.
 
-
-def _parsed(raw: bytes | None) -> JsonObject | None:
-    # A fresh parse: the pipeline may have edited the client's dict in place.
-    value = loads(raw) if raw is not None else None
-    return value if isinstance(value, dict) else None
+    The pipeline changes a message by copying the part it changes (`params._meta` for the
+    trace context) and shares the rest, so this comparison stops at the shared values.
+    """
+    if isinstance(original, WireMessage) and message == original:
+        return wire_bytes(original)
+    return None
 
 
 class HttpChannel:
@@ -98,20 +102,18 @@ class HttpChannel:
         self,
         message: JsonObject,
         *,
-        raw: bytes | None,
+        original: JsonObject | None,
         relay: Relay,
         timeout_s: float,
         cancel: asyncio.Event | None = None,
     ) -> WireMessage:
-        original = _parsed(raw)
-        unchanged = _unchanged(message, original)
-        body = raw if raw is not None and unchanged else dumps(message)
+        sent = _client_bytes(message, original)
         return await exchange_http(
             self._pool,
             self._spec,
             request_id=message.get("id"),
-            body=body,
-            headers=self._request_headers(message, None if unchanged else original),
+            body=sent if sent is not None else dumps(message),
+            headers=self._request_headers(message, original if sent is None else None),
             relay=relay,
             timeout_s=timeout_s,
             max_bytes=self._max_response_bytes,
@@ -141,14 +143,14 @@ class StdioChannel:
         self,
         message: JsonObject,
         *,
-        raw: bytes | None,
+        original: JsonObject | None,
         relay: Relay,
         timeout_s: float,
         cancel: asyncio.Event | None = None,
     ) -> WireMessage:
         return await self._process.exchange(
             message,
-            raw=raw if _unchanged(message, _parsed(raw)) else None,
+            raw=_client_bytes(message, original),
             relay=relay,
             timeout_s=timeout_s,
             cancel=cancel,

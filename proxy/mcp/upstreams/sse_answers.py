@@ -70,7 +70,8 @@ class SseAnswer:
             self._retry_ms = event.retry
         message = read_upstream_message(event.data) if event.data else None
         if message is not None and self._is_answer(message):
-            return WireMessage(message, message.raw, frame=event.raw, event_id=event.id)
+            message.frame, message.event_id = event.raw, event.id
+            return message
         if event.data and message is None:
             return None  # not JSON-RPC: nothing a client could use
         await self._relay.event(event.raw, event.id)

@@ -4,13 +4,18 @@ Pure: no I/O. Client bodies are validated strictly (a bad one gets a specific er
 forwarded); messages from upstreams are read leniently (`read_upstream_message`) because the proxy
 relays them, it does not judge them.
 
-A `WireMessage` is a dict that remembers the exact bytes it was parsed from, so a response the
-proxy did not change reaches the client byte-for-byte (`wire_bytes`).
+A `WireMessage` is a dict that remembers the exact bytes it was parsed from, so a message the
+proxy did not change goes on byte-for-byte (`wire_bytes`) without being parsed or encoded again.
+It is never edited: its own members cannot be set, and code that changes a message (a minted id
+put back, a trace context added) builds a new dict for it, leaving nested values shared. Setting
+`INTERLOCK_CHECK_WIRE=1` (the test suite does) makes `wire_bytes` re-read the bytes and fail
+loudly if a nested value was edited in place after all.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -25,6 +30,7 @@ __all__ = [
     "JsonObject",
     "Message",
     "MessageKind",
+    "StaleWireBytes",
     "WireMessage",
     "dumps",
     "error_response",
@@ -52,7 +58,8 @@ class WireMessage(dict[str, Any]):
     """A JSON-RPC message parsed from `raw`; `raw` is written instead of re-encoding it.
 
     A message that arrived as a server-sent event also keeps that event's bytes (`frame`) and
-    id, so it can be relayed as the very event the upstream sent.
+    id, so it can be relayed as the very event the upstream sent. Its members cannot be set or
+    removed (a change would leave `raw` stale): build a new dict to change a message.
     """
 
     __slots__ = ("event_id", "frame", "raw")
@@ -70,14 +77,28 @@ class WireMessage(dict[str, Any]):
         self.frame = frame
         self.event_id = event_id
 
+    def _edited(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            "a WireMessage is sent as the bytes it was parsed from; build a new dict to change it"
+        )
+
+    __setitem__ = __delitem__ = __ior__ = _edited
+    pop = popitem = clear = update = setdefault = _edited
+
+
+_CHECK_WIRE = os.environ.get("INTERLOCK_CHECK_WIRE") == "1"
+
+
+class StaleWireBytes(AssertionError):
+    """(`INTERLOCK_CHECK_WIRE=1` only) a `WireMessage` was edited in place: its bytes are stale."""
+
 
 def wire_bytes(message: Mapping[str, Any]) -> bytes:
-    """The bytes to send for `message`: its original bytes if it is an unchanged `WireMessage`.
-
-    The comparison re-reads `raw` so that a message the pipeline edited in place (even deep
-    inside `result`) is re-encoded, never sent stale.
-    """
-    if isinstance(message, WireMessage) and loads(message.raw) == message:
+    """The bytes to send for `message`: its original bytes if it is a `WireMessage`, else its
+    compact encoding. A `WireMessage` is not parsed again (see the module's note on edits)."""
+    if isinstance(message, WireMessage):
+        if _CHECK_WIRE and loads(message.raw) != message:
+            raise StaleWireBytes(f"a WireMessage was edited in place: {message.raw[:200]!r}")
         return message.raw
     return dumps(message)
 
@@ -137,7 +158,7 @@ def _invalid(reason: str, message: str) -> InvalidBody:
 
 
 def parse_body(raw: bytes) -> Body:
-    """Parse and validate a client POST body.
+    """Parse and validate a client POST body (a single message's body is a `WireMessage`).
 
     Raises:
         InvalidBody: not JSON (-32700), or JSON that is not JSON-RPC 2.0 (-32600).
@@ -157,7 +178,8 @@ def parse_body(raw: bytes) -> Body:
         if not value:
             raise _invalid("empty_batch", "An empty JSON-RPC batch is not a valid request.")
         return _parse_batch(value)
-    return Body((_validate(value),), batch=False)
+    # One message: it keeps its bytes, which go upstream as they are if nothing changes it.
+    return Body((_validate(WireMessage(value, raw) if isinstance(value, dict) else value),), False)
 
 
 def _parse_batch(items: list[Any]) -> Body:
