@@ -51,7 +51,7 @@ from bench.common import (
 )
 from bench.mcp_upstream import counted_upstream
 
-__all__ = ["run"]
+__all__ = ["Result", "bare_proxy", "drive", "interlock_proxy", "list_tools", "run"]
 
 _CALL_TIMEOUT_S = 30.0
 _MODERN = "2026-07-28"
@@ -128,7 +128,7 @@ def _interlock_config(folder: Path, port: int, upstream: str) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def _interlock(
+async def interlock_proxy(
     upstream: str, *, transport_only: bool = False, loop: str = "auto"
 ) -> AsyncIterator[tuple[str, psutil.Process]]:
     """`interlock serve`; `transport_only` swaps the tools/call pipeline for a pass-through."""
@@ -145,7 +145,7 @@ async def _interlock(
 
 
 @contextlib.asynccontextmanager
-async def _bare(upstream: str) -> AsyncIterator[tuple[str, psutil.Process]]:
+async def bare_proxy(upstream: str) -> AsyncIterator[tuple[str, psutil.Process]]:
     port = free_port()
     args = [sys.executable, "-m", "bench.bench_mcp", "--bare", str(port), upstream]
     async with _process(args, f"http://127.0.0.1:{port}/healthz") as proc:
@@ -175,6 +175,10 @@ _numbers = itertools.count(1)
 def _arguments(kind: str, number: int) -> tuple[str, dict[str, Any]]:
     if kind == "read-only":
         return "search_docs", {"query": "backpressure"}
+    if kind == "text 1 MiB":
+        return "big_text", {"kib": 1024}
+    if kind == "10k rows":
+        return "rows", {"count": 10_000}
     return "send_email", {"to": "bench@example.com", "subject": f"bench {number}", "body": "x"}
 
 
@@ -189,7 +193,7 @@ def _ok(status: int, data: bytes) -> bool:
     return False
 
 
-async def _list_tools(url: str) -> None:
+async def list_tools(url: str) -> None:
     """A tools/list through the target, so Interlock learns the annotations (read-only tools)."""
     body = {"jsonrpc": "2.0", "id": 0, "method": "tools/list", "params": {"_meta": _ENVELOPE}}
     headers = {
@@ -202,7 +206,7 @@ async def _list_tools(url: str) -> None:
         await r.read()
 
 
-async def _drive(
+async def drive(
     url: str, kind: str, calls: int, concurrency: int, proc: psutil.Process | None, counter: str
 ) -> Result:
     latencies: list[float] = []
@@ -250,13 +254,13 @@ async def _measure_target(
     results: dict[Cell, Result],
     counter: str,
 ) -> None:
-    await _list_tools(url)
+    await list_tools(url)
     for kind in ("read-only", "side-effecting"):
         for concurrency in (1, 32):
             # The warm-up opens the connections a steady state keeps (two calls per worker).
-            await _drive(url, kind, max(2 * concurrency, calls // 5), concurrency, proc, counter)
+            await drive(url, kind, max(2 * concurrency, calls // 5), concurrency, proc, counter)
             before = await _ledger_commits(url) if target in _INTERLOCKS else None
-            got = await _drive(url, kind, calls, concurrency, proc, counter)
+            got = await drive(url, kind, calls, concurrency, proc, counter)
             if before is not None and (after := await _ledger_commits(url)) is not None:
                 got.ledger = (after[0] - before[0], after[1] - before[1])
             cell = (target, kind, concurrency)
@@ -296,14 +300,14 @@ async def _run(quick: bool) -> list[Table]:
         # since the machine may be busy with other work.
         for _ in range(rounds):
             await _measure_target("direct", upstream, None, calls, results, counter)
-            async with _bare(upstream) as (url, proc):
+            async with bare_proxy(upstream) as (url, proc):
                 await _measure_target("bare", url, proc, calls, results, counter)
-            async with _interlock(upstream) as (url, proc):
+            async with interlock_proxy(upstream) as (url, proc):
                 await _measure_target("interlock", url, proc, calls, results, counter)
-            async with _interlock(upstream, loop="asyncio") as (url, proc):
+            async with interlock_proxy(upstream, loop="asyncio") as (url, proc):
                 await _measure_target("asyncio loop", url, proc, calls, results, counter)
             if not quick:
-                async with _interlock(upstream, transport_only=True) as (url, proc):
+                async with interlock_proxy(upstream, transport_only=True) as (url, proc):
                     await _measure_target("transport", url, proc, calls, results, counter)
     return [_table(results, calls, rounds)]
 
@@ -420,7 +424,7 @@ def run(quick: bool = False) -> list[Table]:
 # --- the bare pass-through proxy (its own process) ---
 
 
-def _serve_bare(port: int, upstream: str) -> None:
+def _servebare_proxy(port: int, upstream: str) -> None:
     """Forward POST bodies to `upstream` and stream the answers back; parse nothing."""
 
     async def pool(app: web.Application) -> AsyncIterator[None]:
@@ -469,7 +473,7 @@ def _serve_transport_only(cli_args: list[str]) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--bare":
-        _serve_bare(int(sys.argv[2]), sys.argv[3])
+        _servebare_proxy(int(sys.argv[2]), sys.argv[3])
     elif len(sys.argv) > 2 and sys.argv[1] == "--transport-only":
         raise SystemExit(_serve_transport_only(sys.argv[2:]))
     else:

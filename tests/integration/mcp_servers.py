@@ -112,6 +112,9 @@ class _Name(BaseModel):
     name: str
 
 
+_SENTENCE = "The quick brown fox jumps over the lazy dog; café ☃. "
+
+
 def build_server(state: _State | None = None, name: str = "interlock-test-upstream") -> MCPServer:
     """The test upstream with all its tools (state is kept in `state`)."""
     st = state if state is not None else _State()
@@ -156,6 +159,19 @@ def build_server(state: _State | None = None, name: str = "interlock-test-upstre
         """Search the documentation (read-only)."""
         st.calls["search_docs"] += 1
         return f"3 results for {query!r}"
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def big_text(kib: int = 1024) -> str:
+        """A long text answer of `kib` KiB (read-only; the benchmarks relay it)."""
+        return (_SENTENCE * (kib * 1024 // len(_SENTENCE) + 1))[: kib * 1024]
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def rows(count: int = 10_000) -> list[dict[str, Any]]:
+        """`count` structured rows (read-only; sent as structuredContent and as its text)."""
+        return [
+            {"id": n, "name": f"row {n}", "score": n / 8, "active": n % 2 == 0}
+            for n in range(count)
+        ]
 
     @server.tool(annotations=ToolAnnotations(destructive_hint=True, idempotent_hint=False))
     async def send_email(ctx: Context, to: str, subject: str, body: str = "") -> str:
