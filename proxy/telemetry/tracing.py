@@ -149,22 +149,52 @@ def call_span(
     return _server_span(name, parent, attributes)
 
 
-@contextmanager
 def _server_span(
     name: str, parent: otel_context.Context | None, attributes: Mapping[str, Any] | None
-) -> Iterator[Span]:
-    with (
-        _tracer.start_as_current_span(
-            name,
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes=_clean(attributes),
+) -> _CurrentSpan:
+    return _CurrentSpan(name, parent, SpanKind.SERVER, _clean(attributes))
+
+
+class _CurrentSpan:
+    """A span started on entry and made current; an exception leaving the block sets its
+    `error.type` and ERROR status; ended on exit. (What `start_as_current_span` with
+    `use_span` does, in one object instead of three nested generators: it runs on every call.)
+    """
+
+    __slots__ = ("_attributes", "_context", "_kind", "_name", "_span", "_token")
+
+    def __init__(
+        self,
+        name: str,
+        context: otel_context.Context | None,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+    ) -> None:
+        self._name = name
+        self._context = context
+        self._kind = kind
+        self._attributes = attributes
+
+    def __enter__(self) -> Span:
+        span = _tracer.start_span(
+            self._name,
+            context=self._context,
+            kind=self._kind,
+            attributes=self._attributes,
             record_exception=False,
             set_status_on_exception=False,
-        ) as span,
-        _errors_marked(span),
-    ):
-        yield span
+        )
+        self._span = span
+        self._token = otel_context.attach(trace.set_span_in_context(span))
+        return span
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        try:
+            if exc_type is not None:
+                mark_error(self._span, exc_type.__qualname__)
+        finally:
+            otel_context.detach(self._token)
+            self._span.end()
 
 
 @contextmanager
@@ -223,19 +253,8 @@ def child_span(
     return _child_span(name, attributes, kind)
 
 
-@contextmanager
-def _child_span(name: str, attributes: Mapping[str, Any] | None, kind: SpanKind) -> Iterator[Span]:
-    with (
-        _tracer.start_as_current_span(
-            name,
-            kind=kind,
-            attributes=_clean(attributes),
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span,
-        _errors_marked(span),
-    ):
-        yield span
+def _child_span(name: str, attributes: Mapping[str, Any] | None, kind: SpanKind) -> _CurrentSpan:
+    return _CurrentSpan(name, None, kind, _clean(attributes))
 
 
 @contextmanager

@@ -11,6 +11,7 @@ saw the caller's trace.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 import socket
@@ -418,3 +419,39 @@ async def test_trace_continues_from_the_client_to_the_upstream(
     (attempt,) = root.find("interlock.upstream.attempt")
     assert upstream_span.name == "tools/call echo"
     assert upstream_span.parent_span_id == attempt.span.span_id
+
+
+@pytest.mark.parametrize("ratio", [0.0, 1.0])
+async def test_an_unsampled_call_builds_no_span_attributes(
+    upstream: RunningUpstream,
+    receiver: OtlpReceiver,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    ratio: float,
+) -> None:
+    """Telemetry costs what it records: a call whose trace is not sampled builds none of its
+    span's attributes (no hashing of its session id or idempotency key, the dearest of them),
+    where a sampled call hashes both. Counted at `hash_key`, which only attributes call."""
+    hashed: list[str | None] = []
+
+    def counting(key: str | None) -> str | None:
+        hashed.append(key)
+        return hash_key(key)
+
+    monkeypatch.setattr("proxy.telemetry.tracing.hash_key", counting)
+    monkeypatch.setattr("proxy.mcp.transport.spans.hash_key", counting)
+    handle = otlp_receiver.export_to(receiver.endpoint, sample_ratio=ratio)
+    try:
+        async with running_proxy(config(upstream.url), tmp_path) as proxy:
+            async with Client(proxy.mcp_url("up"), mode="legacy") as client:
+                hashed.clear()  # the session's own initialize and tools/list
+                args = {"to": "a@example.com", "subject": "s"}
+                result = await client.call_tool("send_email", args, meta={KEY: "k-1"})
+            assert not result.is_error
+    finally:
+        await asyncio.to_thread(handle.shutdown)
+    if ratio == 0.0:
+        assert hashed == []
+    else:
+        assert "k-1" in hashed
+        assert len(hashed) >= 2  # the session id, by the transport and the pipeline

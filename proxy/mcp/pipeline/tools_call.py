@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from opentelemetry.trace import Span
@@ -96,10 +96,9 @@ async def handle_tools_call(
             reason = f"arguments have no canonical form: {exc}"
             return _invalid_params(request, "invalid_arguments", reason)
     started = time.monotonic()
-    span_attrs: dict[str, Any] = (
-        {}
-        if not tracing.tracing_on()
-        else {
+
+    def span_attrs() -> dict[str, Any]:
+        return {
             "mcp.method.name": "tools/call",
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": tool,
@@ -115,7 +114,7 @@ async def handle_tools_call(
             ),
             "interlock.idempotency.key_source": key.source if key else None,
         }
-    )
+
     with _server_span(tool, span_attrs, ctx, meta) as span:
         deadline = started + attrs.deadline_s
         call = ToolCall(ctx, request, tool, arguments, meta, attrs, policy, key, deadline, span)
@@ -124,19 +123,24 @@ async def handle_tools_call(
 
 @contextlib.contextmanager
 def _server_span(
-    tool: str, attributes: dict[str, Any], ctx: McpCallContext, meta: JsonObject
+    tool: str, attributes: Callable[[], dict[str, Any]], ctx: McpCallContext, meta: JsonObject
 ) -> Iterator[Span]:
-    """The transport's SERVER span of this request (one per call), or our own if there is none."""
+    """The transport's SERVER span of this request (one per call), or our own if there is none.
+
+    `attributes` are built only for a span that records them (tracing on and sampled).
+    """
     current = tracing.current_span()
     if current.is_recording():
-        tracing.set_attributes(current, attributes)
+        tracing.set_attributes(current, attributes())
         yield current
         return
     if ctx.traced or (not tracing.tracing_on() and current.get_span_context().is_valid):
         yield current  # the transport's span, not recorded: whatever it continued passes on
         return
     name = tracing.mcp_span_name("tools/call", tool)
-    with tracing.call_span(name, attributes=attributes, headers=ctx.headers, meta=meta) as span:
+    with tracing.call_span(name, headers=ctx.headers, meta=meta) as span:
+        if span.is_recording():
+            tracing.set_attributes(span, attributes())
         yield span
 
 

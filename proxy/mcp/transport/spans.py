@@ -19,7 +19,7 @@ from proxy.telemetry.tracing import (
     hash_key,
     mark_error,
     mcp_span_name,
-    tracing_on,
+    set_attributes,
 )
 
 __all__ = ["CallOutcome", "traced"]
@@ -83,16 +83,13 @@ def traced(
     method = message.method or "response"
     tool = message.params.get("name") if method == "tools/call" else None
     target = tool if isinstance(tool, str) else spec.name
-    attributes = (
-        _attributes(message, spec, method, target, session_id, protocol_version)
-        if tracing_on()
-        else None  # no span will record them
-    )
     outcome = CallOutcome()
     started = time.perf_counter()
-    with call_span(
-        mcp_span_name(method, target), attributes=attributes, headers=headers, meta=message.meta
-    ) as span:
+    with call_span(mcp_span_name(method, target), headers=headers, meta=message.meta) as span:
+        if span.is_recording():  # built only for a span that records them (sampled)
+            set_attributes(
+                span, _attributes(message, spec, method, target, session_id, protocol_version)
+            )
         try:
             yield outcome
         except BaseException as exc:
