@@ -114,8 +114,8 @@ async def _load(
     for body in bodies:
         await bench_http._drive(chat_url, body, _CONCURRENCY, calls / 1000, proc, counter)
     if mcp_url is not None:
-        await bench_mcp._list_tools(mcp_url)
-        await bench_mcp._drive(mcp_url, "read-only", calls, _CONCURRENCY, proc, counter)
+        await bench_mcp.list_tools(mcp_url)
+        await bench_mcp.drive(mcp_url, "read-only", calls, _CONCURRENCY, proc, counter)
 
 
 async def _measure(

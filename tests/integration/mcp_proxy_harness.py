@@ -46,6 +46,8 @@ __all__ = [
     "deferring_proxy",
     "http_upstream",
     "minimal_result",
+    "module_json_upstream",
+    "module_sse_upstream",
     "module_upstream",
     "running_proxy",
     "serving_mcp",
@@ -271,6 +273,22 @@ async def serving_mcp(
 def module_upstream() -> Iterator[RunningUpstream]:
     """The real test upstream, one per test module (bind it: `upstream = module_upstream`)."""
     with running_upstream() as running:
+        yield running
+
+
+@pytest.fixture(scope="module", name="sse_upstream")
+def module_sse_upstream() -> Iterator[RunningUpstream]:
+    """The real test upstream answering calls with event streams, one per module (bind it:
+    `sse_upstream = module_sse_upstream`)."""
+    with running_upstream() as running:
+        yield running
+
+
+@pytest.fixture(scope="module", name="json_upstream")
+def module_json_upstream() -> Iterator[RunningUpstream]:
+    """The real test upstream answering calls with JSON bodies, one per module (bind it:
+    `json_upstream = module_json_upstream`)."""
+    with running_upstream(json_response=True) as running:
         yield running
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,22 +22,14 @@ from tests.integration.mcp_proxy_harness import (
     http_upstream,
     running_proxy,
 )
-from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration.mcp_servers import RunningUpstream
 from tests.integration.waiting import wait_until
 
 MODES = ["legacy", "auto", "2026-07-28"]
 
 
-@pytest.fixture(scope="module")
-def sse_upstream() -> Iterator[RunningUpstream]:
-    with running_upstream() as upstream:
-        yield upstream
-
-
-@pytest.fixture(scope="module")
-def json_upstream() -> Iterator[RunningUpstream]:
-    with running_upstream(json_response=True) as upstream:
-        yield upstream
+sse_upstream = mcp_proxy_harness.module_sse_upstream
+json_upstream = mcp_proxy_harness.module_json_upstream
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ not counted) and back; the test client reads bytes only.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from tests.integration.mcp_proxy_harness import (
     running_proxy,
     stdio_upstream,
 )
-from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration.mcp_servers import RunningUpstream
 
 MARK = "relay-once-7f3a"
 
@@ -68,16 +68,8 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> Parses:
     return seen
 
 
-@pytest.fixture(scope="module")
-def sse_upstream() -> Iterator[RunningUpstream]:
-    with running_upstream() as upstream:
-        yield upstream
-
-
-@pytest.fixture(scope="module")
-def json_upstream() -> Iterator[RunningUpstream]:
-    with running_upstream(json_response=True) as upstream:
-        yield upstream
+sse_upstream = mcp_proxy_harness.module_sse_upstream
+json_upstream = mcp_proxy_harness.module_json_upstream
 
 
 @pytest.fixture

@@ -331,7 +331,9 @@ class StdioProcess:
         if self.shared:
             answer = {**message, "id": pending.original_id}
             raw = restore(message.raw, pending.wire_id, pending.original_id)
-            pending.future.set_result(WireMessage(answer, raw or dumps(answer)))
+            pending.future.set_result(
+                WireMessage(answer, raw if raw is not None else dumps(answer))
+            )
             return
         pending.future.set_result(message)
 
