@@ -303,6 +303,20 @@ MUTANTS = (
         ),
         why="a tenant served once is never served again while other tenants keep arriving",
     ),
+    Mutant(
+        name="the pipeline writes the trace context into the client's own message",
+        path="proxy/mcp/pipeline/tools_call.py",
+        module="proxy.mcp.pipeline.tools_call",
+        edits=(
+            (
+                '        params["_meta"] = dict(meta) if isinstance(meta, dict) else {}\n',
+                '        params["_meta"] = meta if isinstance(meta, dict) else {}\n',
+            ),
+        ),
+        tests=("tests/integration/test_mcp_trace_passthrough.py",),
+        why="the client's bytes, sent when the message compares equal, would go without the trace "
+        "context (the suite's INTERLOCK_CHECK_WIRE re-read notices the in-place edit)",
+    ),
 )
 
 
