@@ -136,24 +136,25 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
         span_name = f"{operation} {model}"  # the GenAI convention for model calls
     else:
         span_name = tracing.http_span_name(request.method, _ROUTE)
-    attributes = {  # set only on a span that records them (tracing on and sampled)
-        "interlock.upstream": name,
-        "interlock.tenant": attrs.tenant,
-        "interlock.class": policy.work_class or attrs.work_class,
-        "http.request.method": request.method,
-        "http.route": _ROUTE,
-        "url.path": path,
-        "gen_ai.operation.name": operation,
-        "gen_ai.request.model": model if isinstance(model, str) else None,
-    }
+
+    def attributes() -> dict[str, Any]:  # built only for a span that records them
+        return {
+            "interlock.upstream": name,
+            "interlock.tenant": attrs.tenant,
+            "interlock.class": policy.work_class or attrs.work_class,
+            "http.request.method": request.method,
+            "http.route": _ROUTE,
+            "url.path": path,
+            "gen_ai.operation.name": operation,
+            "gen_ai.request.model": model if isinstance(model, str) else None,
+        }
+
     task = asyncio.current_task()
     runtime = request.app[RUNTIME]
     if task is not None:
         runtime.in_flight.add(task)
     try:
-        with tracing.call_span(span_name, headers=request.headers) as span:
-            if span.is_recording():
-                tracing.set_attributes(span, attributes)
+        with tracing.call_span(span_name, attributes=attributes, headers=request.headers) as span:
             call = HttpCall(
                 app=request.app,
                 request=request,

@@ -11,7 +11,7 @@ Span names: `mcp_span_name("tools/call", "send_email")` → "tools/call send_ema
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
@@ -133,13 +133,15 @@ def _incoming_context(
 def call_span(
     name: str,
     *,
-    attributes: Mapping[str, Any] | None = None,
+    attributes: Callable[[], Mapping[str, Any]] | None = None,
     headers: Mapping[str, str] | None = None,
     meta: Mapping[str, Any] | None = None,
 ) -> AbstractContextManager[Span]:
     """The SERVER span of one proxied request, continuing the caller's trace if it sent one.
 
-    An exception leaving the block sets `error.type` (its class name) and an error status.
+    `attributes` is called only for a span that records them (tracing on and the trace
+    sampled): an unsampled call builds none. An exception leaving the block sets `error.type`
+    (its class name) and an error status.
     With tracing off and no caller's trace to continue, no span is started at all (a plain
     `nullcontext`: this runs on every call).
     """
@@ -150,9 +152,11 @@ def call_span(
 
 
 def _server_span(
-    name: str, parent: otel_context.Context | None, attributes: Mapping[str, Any] | None
+    name: str,
+    parent: otel_context.Context | None,
+    attributes: Callable[[], Mapping[str, Any]] | None,
 ) -> _CurrentSpan:
-    return _CurrentSpan(name, parent, SpanKind.SERVER, _clean(attributes))
+    return _CurrentSpan(name, parent, SpanKind.SERVER, {}, attributes)
 
 
 class _CurrentSpan:
@@ -161,7 +165,7 @@ class _CurrentSpan:
     `use_span` does, in one object instead of three nested generators: it runs on every call.)
     """
 
-    __slots__ = ("_attributes", "_context", "_kind", "_name", "_span", "_token")
+    __slots__ = ("_attributes", "_context", "_kind", "_later", "_name", "_span", "_token")
 
     def __init__(
         self,
@@ -169,11 +173,13 @@ class _CurrentSpan:
         context: otel_context.Context | None,
         kind: SpanKind,
         attributes: dict[str, Any],
+        later: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         self._name = name
         self._context = context
         self._kind = kind
         self._attributes = attributes
+        self._later = later  # built once the span is known to record
 
     def __enter__(self) -> Span:
         span = _tracer.start_span(
@@ -184,6 +190,8 @@ class _CurrentSpan:
             record_exception=False,
             set_status_on_exception=False,
         )
+        if self._later is not None and span.is_recording():
+            span.set_attributes(_clean(self._later()))
         self._span = span
         self._token = otel_context.attach(trace.set_span_in_context(span))
         return span

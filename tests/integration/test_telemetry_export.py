@@ -61,7 +61,7 @@ async def test_call_and_child_spans_form_one_tree_continuing_the_caller(
     try:
         with tracing.call_span(
             "tools/call send_email",
-            attributes={"mcp.method.name": "tools/call", "interlock.tenant": None},
+            attributes=lambda: {"mcp.method.name": "tools/call", "interlock.tenant": None},
             headers={"traceparent": TRACEPARENT},
         ) as span:
             with tracing.child_span("interlock.queue"):

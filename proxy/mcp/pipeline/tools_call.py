@@ -138,9 +138,7 @@ def _server_span(
         yield current  # the transport's span, not recorded: whatever it continued passes on
         return
     name = tracing.mcp_span_name("tools/call", tool)
-    with tracing.call_span(name, headers=ctx.headers, meta=meta) as span:
-        if span.is_recording():
-            tracing.set_attributes(span, attributes())
+    with tracing.call_span(name, attributes=attributes, headers=ctx.headers, meta=meta) as span:
         yield span
 
 

@@ -19,7 +19,6 @@ from proxy.telemetry.tracing import (
     hash_key,
     mark_error,
     mcp_span_name,
-    set_attributes,
 )
 
 __all__ = ["CallOutcome", "traced"]
@@ -85,11 +84,12 @@ def traced(
     target = tool if isinstance(tool, str) else spec.name
     outcome = CallOutcome()
     started = time.perf_counter()
-    with call_span(mcp_span_name(method, target), headers=headers, meta=message.meta) as span:
-        if span.is_recording():  # built only for a span that records them (sampled)
-            set_attributes(
-                span, _attributes(message, spec, method, target, session_id, protocol_version)
-            )
+    with call_span(
+        mcp_span_name(method, target),
+        attributes=lambda: _attributes(message, spec, method, target, session_id, protocol_version),
+        headers=headers,
+        meta=message.meta,
+    ) as span:
         try:
             yield outcome
         except BaseException as exc:
