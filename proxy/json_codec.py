@@ -5,6 +5,10 @@ common case several times faster; a document orjson refuses (invalid UTF-8, nest
 it, ...) is handed to `json.loads`, which decides (and raises `ValueError` or `RecursionError`
 as before). A document with a run of 19 or more digits goes to `json.loads` directly: orjson reads
 an integer beyond 64 bits as a float, where the standard parser keeps it exact.
+
+`RawJson` is a value left as its JSON text (part of a message the proxy only relays): it is
+parsed when something asks for its value, and the encoders write it as that value
+(`encode_default` for the standard library, `orjson_default` for orjson, which copies the text).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["loads"]
+__all__ = ["RawJson", "encode_default", "loads", "orjson_default"]
 
 # Every digit becomes "0", every other byte " ": a run of 19 digits is then a plain substring.
 _DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
@@ -35,3 +39,43 @@ def loads(raw: bytes | bytearray | str) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
         return json.loads(raw)
+
+
+class RawJson:
+    """A JSON value kept as its text (valid JSON, UTF-8); `value()` parses it.
+
+    Compared with anything, it compares its value. Like a list or a dict, it is not hashable.
+    """
+
+    __slots__ = ("text",)
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, text: bytes) -> None:
+        self.text = text
+
+    def value(self) -> Any:
+        """The value, parsed now (each call parses it again)."""
+        return loads(self.text)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RawJson):
+            other = other.value()
+        result: bool = self.value() == other
+        return result
+
+    def __repr__(self) -> str:
+        return f"RawJson({self.text[:60]!r}{'...' if len(self.text) > 60 else ''})"
+
+
+def encode_default(value: object) -> Any:
+    """`json.dumps(..., default=encode_default)`: a `RawJson` is written as its value."""
+    if isinstance(value, RawJson):
+        return value.value()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def orjson_default(value: object) -> Any:
+    """`orjson.dumps(..., default=orjson_default)`: a `RawJson` is written as its own text."""
+    if isinstance(value, RawJson):
+        return orjson.Fragment(value.text)
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")

@@ -317,6 +317,22 @@ MUTANTS = (
         why="the client's bytes, sent when the message compares equal, would go without the trace "
         "context (the suite's INTERLOCK_CHECK_WIRE re-read notices the in-place edit)",
     ),
+    Mutant(
+        name="the envelope reader leaves a tool error's flag unread",
+        path="proxy/mcp/wire/jsonrpc.py",
+        module="proxy.mcp.wire.jsonrpc",
+        edits=(
+            (
+                '_TOOL_OUTPUT = frozenset({"content", "structuredContent"})\n',
+                '_TOOL_OUTPUT = frozenset({"content", "structuredContent", "isError"})\n',
+            ),
+        ),
+        tests=(
+            "tests/integration/test_mcp_pipeline.py::"
+            "test_a_tool_error_is_recorded_failed_and_replayed_as_itself",
+        ),
+        why="a side-effecting call whose tool failed (isError) would be recorded succeeded",
+    ),
 )
 
 

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from mcp_types import ElicitRequest, ElicitRequestFormParams, InputRequiredResult
 from pydantic import BaseModel
@@ -213,6 +214,12 @@ def build_server(state: _State | None = None, name: str = "interlock-test-upstre
         """Charge the card (side-effecting)."""
         st.calls["charge"] += 1
         return f"CHARGED {amount}"
+
+    @server.tool(annotations=ToolAnnotations(destructive_hint=True, idempotent_hint=False))
+    async def decline_charge(amount: int) -> str:
+        """Try to charge the card, which is declined: a tool error (`isError`), counted."""
+        st.calls["decline_charge"] += 1
+        raise ToolError(f"card declined for {amount}")
 
     @server.tool()
     async def refund(amount: int) -> str:

@@ -379,6 +379,24 @@ async def test_a_retry_after_429_is_the_next_ledger_attempt(fresh: RunningUpstre
     assert fresh.stats()["emails_by_key"] == {"k-429": 1}
 
 
+async def test_a_tool_error_is_recorded_failed_and_replayed_as_itself(
+    fresh: RunningUpstream, tmp_path: Path
+):
+    """The tool answered `isError: true` (it ran, and failed): the entry is `failed`, and the
+    same key replays that answer without running the tool again."""
+    async with running_proxy(config(fresh), tmp_path) as proxy:
+        url = proxy.mcp_url("up")
+        first = await call(url, "decline_charge", {"amount": 5}, key="k-declined")
+        again = await call(url, "decline_charge", {"amount": 5}, key="k-declined")
+        entry, _ = await proxy.store.get("k-declined")
+    assert first.is_error
+    assert again.is_error
+    assert [c.text for c in again.content] == [c.text for c in first.content]
+    assert "card declined for 5" in first.content[0].text
+    assert str(entry.state) == "failed"
+    assert fresh.stats()["calls"]["decline_charge"] == 1
+
+
 async def test_metrics_count_admissions_outcomes_and_first_byte(
     fresh: RunningUpstream, tmp_path: Path
 ):

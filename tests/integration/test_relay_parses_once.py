@@ -1,9 +1,11 @@
 """The proxy parses each message it relays once: the client's request when it arrives, the
 upstream's answer when it comes back, never again to find out whether it changed on the way.
+A `tools/call` answer from an HTTP upstream is read to its envelope only: the tool's output
+(`content`, `structuredContent`) is relayed and stored as the upstream's bytes, never parsed.
 
-Every JSON parse in this process (`orjson.loads` and `json.loads`, whoever calls them) is counted
-while a `tools/call` goes through the proxy to a real upstream (a subprocess: its own parsing is
-not counted) and back; the test client reads bytes only.
+Every whole-document JSON parse in this process (`orjson.loads` and `json.loads`, whoever calls
+them) and every envelope read is counted while a `tools/call` goes through the proxy to a real
+upstream (a subprocess: its own parsing is not counted) and back; the test client reads bytes.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Parses:
     def __init__(self) -> None:
         self.requests = 0
         self.answers = 0
+        self.envelopes = 0
 
     def saw(self, document: Any) -> None:
         data = document.encode() if isinstance(document, str) else bytes(document)
@@ -61,10 +64,20 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> Parses:
 
         return loads
 
+    class CountingEnvelope:
+        def __init__(self, real: Any) -> None:
+            self._real = real
+
+        def decode(self, document: bytes) -> Any:
+            if MARK.encode() in document:
+                seen.envelopes += 1
+            return self._real.decode(document)
+
     # As in production: the suite's check of relayed bytes (a second parse on purpose) is off.
     monkeypatch.setattr(jsonrpc, "_CHECK_WIRE", False)
     monkeypatch.setattr(orjson, "loads", counting(orjson.loads))
     monkeypatch.setattr(json, "loads", counting(json.loads))
+    monkeypatch.setattr(jsonrpc, "_ENVELOPE", CountingEnvelope(jsonrpc._ENVELOPE))
     return seen
 
 
@@ -99,7 +112,8 @@ async def test_a_relayed_call_and_its_answer_are_each_parsed_once(
     proxy: RunningProxy, http: aiohttp.ClientSession, parses: Parses, upstream: str
 ):
     """A session's tools/call: the request is parsed when it arrives and the answer when the
-    upstream sends it; both go on as the bytes they came as."""
+    upstream sends it (to its envelope from an HTTP upstream; whole from a stdio one, whose ids
+    the proxy may have to put back); both go on as the bytes they came as."""
     raw = RawMcp(http, proxy.mcp_url(upstream))
     await raw.initialize()
     body = json.dumps(_call(5, f"{MARK} one")).encode()
@@ -107,7 +121,10 @@ async def test_a_relayed_call_and_its_answer_are_each_parsed_once(
     assert answer.status == 200
     assert json.loads(answer.messages[-1])["result"]["content"][0]["text"] == f"{MARK} one"
     assert parses.requests == 1
-    assert parses.answers == 2  # the proxy's, and the test's own json.loads above
+    if upstream == "stdio":
+        assert (parses.answers, parses.envelopes) == (2, 0)  # the proxy's, and the test's own
+    else:
+        assert (parses.answers, parses.envelopes) == (1, 1)  # the test's own; the envelope
 
 
 @pytest.mark.parametrize("upstream", ["json", "stdio"])
@@ -122,17 +139,20 @@ async def test_a_modern_call_and_its_answer_are_each_parsed_once(
     assert last["id"] == 9
     assert last["result"]["content"][0]["text"] == MARK
     assert parses.requests == 1
-    assert parses.answers == 2  # the proxy's, and the test's own
+    if upstream == "stdio":
+        assert (parses.answers, parses.envelopes) == (2, 0)  # the proxy's, and the test's own
+    else:
+        assert (parses.answers, parses.envelopes) == (1, 1)  # the test's own; the envelope
 
 
 async def test_a_batch_parses_each_answer_once(
     proxy: RunningProxy, http: aiohttp.ClientSession, parses: Parses
 ):
-    """A batch of two calls: one parse of the batch, one of each answer."""
+    """A batch of two calls: one parse of the batch, one envelope read of each answer."""
     raw = RawMcp(http, proxy.mcp_url("json"))
     await raw.initialize()
     answer = await raw.post([_call(1, f"{MARK} a"), _call(2, f"{MARK} b")])
     assert answer.status == 200
-    assert (parses.requests, parses.answers) == (1, 2)
+    assert (parses.requests, parses.answers, parses.envelopes) == (1, 0, 2)
     texts = sorted(m["result"]["content"][0]["text"] for m in answer.json())
     assert texts == [f"{MARK} a", f"{MARK} b"]

@@ -26,6 +26,7 @@ from proxy.errors import (
     UpstreamNotReached,
     UpstreamPressure,
 )
+from proxy.mcp.pipeline.context import SendUpstream
 from proxy.runtime.retries import run_attempts
 from proxy.runtime.scheduler import Slot
 from proxy.runtime.upstream_pressure import describe_failure, start_cooldown
@@ -45,7 +46,7 @@ class ForwardPlan:
     app: web.Application
     upstream: UpstreamSpec
     request: JsonObject
-    send_upstream: Callable[[JsonObject, float], Awaitable[JsonObject]]
+    send_upstream: SendUpstream
     slot: Slot
     admission: AdmissionRequest
     side_effect: bool
@@ -105,7 +106,9 @@ async def _attempt(plan: ForwardPlan) -> JsonObject:
     ) as span:
         _carry_trace(plan.request["params"])
         try:
-            response = await plan.send_upstream(plan.request, timeout)
+            # The pipeline reads a result's flags (isError, a task), never the tool's output:
+            # that is relayed, and stored, as the upstream's own bytes.
+            response = await plan.send_upstream(plan.request, timeout, lazy_output=True)
         except UpstreamError as exc:
             span.set_attribute("error.type", type(exc).__name__)
             if isinstance(exc, UpstreamPressure):

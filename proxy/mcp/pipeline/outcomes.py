@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from ledger import EntryView
+from proxy.json_codec import encode_default, orjson_default
 
 __all__ = ["REPLAY_META", "decode_replay", "encode_outcome", "outcome_state", "stored_answer"]
 
@@ -35,17 +36,19 @@ def encode_outcome(response: JsonObject) -> bytes:
     """The response without its request id, as compact UTF-8 JSON (what a replay answers).
 
     An answer parsed from the upstream's bytes (`raw`) is written with orjson, ten times faster
-    than the standard library on a large tool result, unless those bytes hold a NaN or an
-    Infinity (orjson would write null) or the value an integer beyond 64 bits (it refuses).
+    than the standard library on a large tool result (its unparsed tool output, `RawJson`, is
+    copied as the upstream's text), unless those bytes hold a NaN or an Infinity (orjson would
+    write null) or the value an integer beyond 64 bits (it refuses).
     """
     body = {k: v for k, v in response.items() if k in ("result", "error")}
     raw = getattr(response, "raw", None)
     if isinstance(raw, bytes) and b"NaN" not in raw and b"Infinity" not in raw:
         try:
-            return orjson.dumps(body)
+            return orjson.dumps(body, default=orjson_default)
         except TypeError:
             pass
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    encoded = json.dumps(body, separators=(",", ":"), ensure_ascii=False, default=encode_default)
+    return encoded.encode()
 
 
 def decode_replay(entry: EntryView, request_id: Any, *, modern: bool) -> JsonObject:

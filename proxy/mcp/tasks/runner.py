@@ -113,9 +113,15 @@ class McpRunner:
             await job.not_executed(f"not executed: {exc}", None)
             return
 
-        async def send(request: JsonObject, attempt_s: float) -> JsonObject:
+        async def send(
+            request: JsonObject, attempt_s: float, *, lazy_output: bool = False
+        ) -> JsonObject:
             return await channel.exchange(
-                request, original=None, relay=NoRelay(), timeout_s=attempt_s
+                request,
+                original=None,
+                relay=NoRelay(),
+                timeout_s=attempt_s,
+                lazy_output=lazy_output,
             )
 
         plan = ForwardPlan(

@@ -40,12 +40,14 @@ class UpstreamChannel(Protocol):
         relay: Relay,
         timeout_s: float,
         cancel: asyncio.Event | None = None,
+        lazy_output: bool = False,
     ) -> WireMessage:
         """Send a request, return its response (raises the `proxy.errors` tree).
 
         `original` is the client's message as it arrived (`message` may be the pipeline's
         changed copy of it); when it is a `WireMessage` saying what `message` says, its bytes
-        are sent.
+        are sent. `lazy_output`: the caller relays (or stores) a result's tool output without
+        reading it, which may then stay `RawJson` (`jsonrpc.read_upstream_message`).
         """
 
     async def post(self, message: JsonObject, raw: bytes | None) -> None:
@@ -106,6 +108,7 @@ class HttpChannel:
         relay: Relay,
         timeout_s: float,
         cancel: asyncio.Event | None = None,
+        lazy_output: bool = False,
     ) -> WireMessage:
         sent = _client_bytes(message, original)
         return await exchange_http(
@@ -118,6 +121,7 @@ class HttpChannel:
             timeout_s=timeout_s,
             max_bytes=self._max_response_bytes,
             cancel=cancel,
+            lazy_output=lazy_output,
         )
 
     async def post(self, message: JsonObject, raw: bytes | None) -> None:
@@ -147,7 +151,10 @@ class StdioChannel:
         relay: Relay,
         timeout_s: float,
         cancel: asyncio.Event | None = None,
+        lazy_output: bool = False,
     ) -> WireMessage:
+        # A stdio answer is read whole, `lazy_output` or not: the proxy may have to put the
+        # client's id back into it.
         return await self._process.exchange(
             message,
             raw=_client_bytes(message, original),

@@ -10,6 +10,13 @@ It is never edited: its own members cannot be set, and code that changes a messa
 put back, a trace context added) builds a new dict for it, leaving nested values shared. Setting
 `INTERLOCK_CHECK_WIRE=1` (the test suite does) makes `wire_bytes` re-read the bytes and fail
 loudly if a nested value was edited in place after all.
+
+A `tools/call` answer the proxy only relays (and stores) is read to its envelope
+(`read_upstream_message(raw, lazy_output=True)`): the tool's output, its result's `content` and
+`structuredContent`, stays `RawJson`, the rest is parsed. msgspec's reader validates the whole
+document but builds nothing for what it skips, so a megabyte of tool output costs a scan, not a
+tree of Python objects; what it cannot vouch for (a member outside JSON-RPC's, a NaN, a lone
+surrogate) is parsed whole as before.
 """
 
 from __future__ import annotations
@@ -20,9 +27,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import msgspec
+
 from policies.answers import CODE_INVALID_REQUEST, CODE_PARSE_ERROR, Answer, bad_request
 from policies.json_limits import MAX_JSON_DEPTH, nests_deeper_than
-from proxy.json_codec import loads
+from proxy.json_codec import RawJson, encode_default, loads
 
 __all__ = [
     "Body",
@@ -105,7 +114,9 @@ def wire_bytes(message: Mapping[str, Any]) -> bytes:
 
 def dumps(value: Any) -> bytes:
     """Compact JSON, UTF-8, no newline (one stdio line, one SSE data line)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    return json.dumps(
+        value, separators=(",", ":"), ensure_ascii=False, default=encode_default
+    ).encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,15 +255,62 @@ def kind_of(message: Mapping[str, Any]) -> MessageKind | None:
     return None
 
 
-def read_upstream_message(raw: bytes | str) -> WireMessage | None:
-    """Parse one upstream message (SSE `data` or a stdio line); `None` if it is not one."""
-    try:
-        value = loads(raw)
-    except (ValueError, RecursionError):
-        return None
+def read_upstream_message(raw: bytes | str, *, lazy_output: bool = False) -> WireMessage | None:
+    """Parse one upstream message (SSE `data` or a stdio line); `None` if it is not one.
+
+    `lazy_output`: the caller reads nothing of a result's `content` and `structuredContent` (it
+    relays the answer, and stores it as its bytes): those stay `RawJson`.
+    """
+    data = raw.encode() if isinstance(raw, str) else raw
+    value = _envelope(data) if lazy_output else None
+    if value is None:
+        try:
+            value = loads(raw)
+        except (ValueError, RecursionError):
+            return None
     if not isinstance(value, dict) or kind_of(value) is None:
         return None
-    return WireMessage(value, raw.encode() if isinstance(raw, str) else raw)
+    return WireMessage(value, data)
+
+
+class _Envelope(msgspec.Struct, forbid_unknown_fields=True):
+    """A JSON-RPC message's members; a result's own members are kept as their JSON text."""
+
+    jsonrpc: Any = msgspec.UNSET
+    id: Any = msgspec.UNSET
+    method: Any = msgspec.UNSET
+    params: Any = msgspec.UNSET
+    error: Any = msgspec.UNSET
+    result: dict[str, msgspec.Raw] | msgspec.UnsetType = msgspec.UNSET
+
+
+_ENVELOPE = msgspec.json.Decoder(_Envelope)
+_MEMBERS = ("jsonrpc", "id", "method", "params", "error")
+_TOOL_OUTPUT = frozenset({"content", "structuredContent"})
+_decode_member = msgspec.json.Decoder().decode
+
+
+def _envelope(data: bytes) -> dict[str, Any] | None:
+    """The message with its result's tool output left as text; None when the reader cannot
+    vouch for it (not JSON to msgspec, a member outside JSON-RPC's, not UTF-8, nested deeper
+    than the interpreter's recursion limit): the caller then parses it whole."""
+    try:
+        envelope = _ENVELOPE.decode(data)
+        if not data.isascii():
+            data.decode("utf-8")  # msgspec does not check the UTF-8 of what it skips
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
+        return None
+    value = {
+        name: member
+        for name in _MEMBERS
+        if (member := getattr(envelope, name)) is not msgspec.UNSET
+    }
+    if isinstance(envelope.result, dict):
+        value["result"] = {
+            name: RawJson(bytes(text)) if name in _TOOL_OUTPUT else _decode_member(text)
+            for name, text in envelope.result.items()
+        }
+    return value
 
 
 def id_key(value: Any) -> str:
