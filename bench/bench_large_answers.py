@@ -3,11 +3,12 @@
 A read-only `tools/call` whose answer is large: 1 MiB of text (`big_text`: 2.5 MB on the wire,
 the SDK sends it twice, as `content` and as `structuredContent`, its non-ASCII escaped), or
 10,000 structured rows (`rows`: about 1.7 MB, as `structuredContent` and as indented JSON text).
-The bare pass-through forwards the bytes; Interlock reads the answer once (whether it is a result
-or an error is the call's outcome) and relays the upstream's own bytes, so what it adds over bare
-is one parse of the answer, growing with its size and its shape (many small values cost more
-than one long string). Same processes and CPU accounting as `bench_mcp`: the proxy process's CPU
-only, best of interleaved rounds.
+The bare pass-through forwards the bytes; Interlock reads the answer once, to its envelope
+(whether it is a result or an error is the call's outcome; the tool's output is scanned, not
+parsed) and relays the upstream's own bytes, so what it adds over bare is that scan, growing
+with the answer's size and its shape (many small values cost more than one long string). Same
+processes and CPU accounting as `bench_mcp`: the proxy process's CPU only, best of interleaved
+rounds.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def _table(results: dict[tuple[str, str, int], Result], calls: int, rounds: int)
         f"{rounds} interleaved round(s); CPU is the proxy process's (all threads). text 1 MiB = "
         "big_text (2.5 MB on the wire); 10k rows = rows(10000) (1.7 MB: structuredContent and its "
         "text copy). "
-        "'µs over bare' is what Interlock adds per call: for an answer it only relays, one parse."
+        "'µs over bare' is what Interlock adds per call: for an answer it only relays, one read "
+        "of its envelope (a scan that checks the whole answer is JSON)."
     )
     return Table(
         title="MCP large answers: Interlock vs bare pass-through",
