@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -118,7 +117,7 @@ def test_what_is_not_a_message_is_still_refused(raw: bytes):
     assert read_upstream_message(raw, lazy_output=True) is None
 
 
-def test_an_edit_inside_an_unparsed_member_cannot_happen_and_one_beside_it_is_caught(
+def test_an_edit_beside_the_unparsed_output_is_caught(
     monkeypatch: pytest.MonkeyPatch,
 ):
     monkeypatch.setattr(jsonrpc, "_CHECK_WIRE", True)
@@ -156,4 +155,4 @@ def test_a_lazy_read_equals_the_whole_parse(result: dict[str, Any], ascii_only: 
     assert lazy is not None
     assert json.loads(dumps(lazy)) == document
     assert json.loads(encode_outcome(lazy)) == {"result": result}
-    assert orjson.loads(wire_bytes(lazy)) is not None
+    assert wire_bytes(lazy) is raw

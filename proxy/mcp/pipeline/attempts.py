@@ -26,7 +26,6 @@ from proxy.errors import (
     UpstreamNotReached,
     UpstreamPressure,
 )
-from proxy.mcp.pipeline.context import SendUpstream
 from proxy.runtime.retries import run_attempts
 from proxy.runtime.scheduler import Slot
 from proxy.runtime.upstream_pressure import describe_failure, start_cooldown
@@ -46,7 +45,7 @@ class ForwardPlan:
     app: web.Application
     upstream: UpstreamSpec
     request: JsonObject
-    send_upstream: SendUpstream
+    send_upstream: Callable[[JsonObject, float], Awaitable[JsonObject]]
     slot: Slot
     admission: AdmissionRequest
     side_effect: bool
@@ -106,9 +105,7 @@ async def _attempt(plan: ForwardPlan) -> JsonObject:
     ) as span:
         _carry_trace(plan.request["params"])
         try:
-            # The pipeline reads a result's flags (isError, a task), never the tool's output:
-            # that is relayed, and stored, as the upstream's own bytes.
-            response = await plan.send_upstream(plan.request, timeout, lazy_output=True)
+            response = await plan.send_upstream(plan.request, timeout)
         except UpstreamError as exc:
             span.set_attribute("error.type", type(exc).__name__)
             if isinstance(exc, UpstreamPressure):

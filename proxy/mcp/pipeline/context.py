@@ -6,7 +6,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import web
 from opentelemetry.trace import Span
@@ -24,20 +24,8 @@ from proxy.telemetry import tracing
 __all__ = ["JsonObject", "McpCallContext", "Notify", "OnWait", "SendUpstream", "ToolCall"]
 
 JsonObject = dict[str, Any]
-
-
-class SendUpstream(Protocol):
-    """send_upstream(request, timeout_s) -> final response. Raises `proxy.errors.UpstreamError`.
-
-    `lazy_output`: the caller reads nothing of the result's tool output (`content`,
-    `structuredContent`): it may come back unparsed, as `RawJson`.
-    """
-
-    def __call__(
-        self, request: JsonObject, timeout_s: float, /, *, lazy_output: bool = False
-    ) -> Awaitable[JsonObject]: ...
-
-
+SendUpstream = Callable[[JsonObject, float], Awaitable[JsonObject]]
+"""send_upstream(request, timeout_s) -> final response. Raises `proxy.errors.UpstreamError`."""
 Notify = Callable[[JsonObject], Awaitable[None]]
 OnWait = Callable[[str], Awaitable[None]]
 

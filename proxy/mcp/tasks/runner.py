@@ -113,15 +113,9 @@ class McpRunner:
             await job.not_executed(f"not executed: {exc}", None)
             return
 
-        async def send(
-            request: JsonObject, attempt_s: float, *, lazy_output: bool = False
-        ) -> JsonObject:
+        async def send(request: JsonObject, attempt_s: float) -> JsonObject:
             return await channel.exchange(
-                request,
-                original=None,
-                relay=NoRelay(),
-                timeout_s=attempt_s,
-                lazy_output=lazy_output,
+                request, original=None, relay=NoRelay(), timeout_s=attempt_s
             )
 
         plan = ForwardPlan(

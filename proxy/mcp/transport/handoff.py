@@ -67,16 +67,13 @@ async def run_tools_call(
         traced=True,  # both callers (`post`, `batch`) run it inside `spans.traced`
     )
 
-    async def send_upstream(
-        outgoing: JsonObject, timeout_s: float, *, lazy_output: bool = False
-    ) -> JsonObject:
+    async def send_upstream(outgoing: JsonObject, timeout_s: float) -> JsonObject:
         return await channel.exchange(
             outgoing,
             original=message.body,  # a WireMessage unless in a batch
             relay=reply,
             timeout_s=timeout_s,
             cancel=gone if modern else None,
-            lazy_output=lazy_output,
         )
 
     async def notify(note: JsonObject) -> None:

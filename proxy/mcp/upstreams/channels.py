@@ -40,14 +40,12 @@ class UpstreamChannel(Protocol):
         relay: Relay,
         timeout_s: float,
         cancel: asyncio.Event | None = None,
-        lazy_output: bool = False,
     ) -> WireMessage:
         """Send a request, return its response (raises the `proxy.errors` tree).
 
         `original` is the client's message as it arrived (`message` may be the pipeline's
         changed copy of it); when it is a `WireMessage` saying what `message` says, its bytes
-        are sent. `lazy_output`: the caller relays (or stores) a result's tool output without
-        reading it, which may then stay `RawJson` (`jsonrpc.read_upstream_message`).
+        are sent.
         """
 
     async def post(self, message: JsonObject, raw: bytes | None) -> None:
@@ -108,7 +106,6 @@ class HttpChannel:
         relay: Relay,
         timeout_s: float,
         cancel: asyncio.Event | None = None,
-        lazy_output: bool = False,
     ) -> WireMessage:
         sent = _client_bytes(message, original)
         return await exchange_http(
@@ -121,7 +118,6 @@ class HttpChannel:
             timeout_s=timeout_s,
             max_bytes=self._max_response_bytes,
             cancel=cancel,
-            lazy_output=lazy_output,
         )
 
     async def post(self, message: JsonObject, raw: bytes | None) -> None:
@@ -151,10 +147,7 @@ class StdioChannel:
         relay: Relay,
         timeout_s: float,
         cancel: asyncio.Event | None = None,
-        lazy_output: bool = False,
     ) -> WireMessage:
-        # A stdio answer is read whole, `lazy_output` or not: the proxy may have to put the
-        # client's id back into it.
         return await self._process.exchange(
             message,
             raw=_client_bytes(message, original),

@@ -31,19 +31,12 @@ class SseAnswer:
     """
 
     def __init__(
-        self,
-        spec: UpstreamSpec,
-        request_id: Any,
-        relay: Relay,
-        *,
-        max_bytes: int,
-        lazy_output: bool = False,
+        self, spec: UpstreamSpec, request_id: Any, relay: Relay, *, max_bytes: int
     ) -> None:
         self._spec = spec
         self._wanted = id_key(request_id)
         self._relay = relay
         self._max_bytes = max_bytes
-        self._lazy_output = lazy_output  # the response's tool output may stay unparsed
         self.last_event_id: str | None = None
         self._retry_ms: int | None = None
 
@@ -75,9 +68,8 @@ class SseAnswer:
             self.last_event_id = event.id
         if event.retry is not None:
             self._retry_ms = event.retry
-        message = (
-            read_upstream_message(event.data, lazy_output=self._lazy_output) if event.data else None
-        )
+        # Events are relayed as their bytes; the response's tool output stays `RawJson`.
+        message = read_upstream_message(event.data, lazy_output=True) if event.data else None
         if message is not None and self._is_answer(message):
             message.frame, message.event_id = event.raw, event.id
             return message

@@ -161,7 +161,6 @@ async def exchange_http(
     timeout_s: float,
     cancel: asyncio.Event | None = None,
     max_bytes: int = 16 * 1024 * 1024,
-    lazy_output: bool = False,
 ) -> WireMessage:
     """POST one JSON-RPC request; return its final response, relaying what comes before it.
 
@@ -170,7 +169,8 @@ async def exchange_http(
     `cancel` (the client went away, modern era) aborts the upstream request: closing the stream
     is the cancellation signal of the 2026-07-28 protocol. Already set, nothing is sent.
 
-    `lazy_output`: the response's tool output is left unparsed (`RawJson`).
+    The response's tool output (a result's `content` and `structuredContent`) stays `RawJson`:
+    the proxy relays it, and stores it, as the upstream's bytes and never reads it.
 
     Raises:
         UpstreamNotReached, UpstreamPressure, UpstreamRefused, UpstreamLost, UpstreamTimeout.
@@ -181,9 +181,7 @@ async def exchange_http(
     try:
         with cancelled_when(cancel) as trip:
             async with asyncio.timeout(timeout_s):
-                return await _exchange(
-                    pool, spec, request_id, body, headers, relay, max_bytes, lazy_output
-                )
+                return await _exchange(pool, spec, request_id, body, headers, relay, max_bytes)
     except TimeoutError:
         raise UpstreamTimeout(f"{spec.name}: no answer within {timeout_s:g} s") from None
     except asyncio.CancelledError:
@@ -202,7 +200,6 @@ async def _exchange(
     headers: Mapping[str, str],
     relay: Relay,
     max_bytes: int,
-    lazy_output: bool,
 ) -> WireMessage:
     upstream = await send(pool, spec, "POST", headers, body)
     try:
@@ -219,10 +216,8 @@ async def _exchange(
         with named_errors(spec):
             if not upstream.event_stream:
                 data = await _read_within(upstream, spec, max_bytes)
-                return _json_answer(spec, data, request_id, lazy_output)
-            stream = SseAnswer(
-                spec, request_id, relay, max_bytes=max_bytes, lazy_output=lazy_output
-            )
+                return _json_answer(spec, data, request_id)
+            stream = SseAnswer(spec, request_id, relay, max_bytes=max_bytes)
             if (answer := await stream.read(upstream)) is not None:
                 return answer
     finally:
@@ -254,10 +249,8 @@ async def _read_within(upstream: Response, spec: UpstreamSpec, limit: int) -> by
     return b"".join(parts)
 
 
-def _json_answer(
-    spec: UpstreamSpec, data: bytes, request_id: Any, lazy_output: bool
-) -> WireMessage:
-    message = read_upstream_message(data, lazy_output=lazy_output)
+def _json_answer(spec: UpstreamSpec, data: bytes, request_id: Any) -> WireMessage:
+    message = read_upstream_message(data, lazy_output=True)
     if message is None or id_key(message.get("id")) != id_key(request_id):
         raise UpstreamLost(f"{spec.name}: the JSON answer is not the response to this request")
     return message

@@ -11,9 +11,10 @@ put back, a trace context added) builds a new dict for it, leaving nested values
 `INTERLOCK_CHECK_WIRE=1` (the test suite does) makes `wire_bytes` re-read the bytes and fail
 loudly if a nested value was edited in place after all.
 
-A `tools/call` answer the proxy only relays (and stores) is read to its envelope
-(`read_upstream_message(raw, lazy_output=True)`): the tool's output, its result's `content` and
-`structuredContent`, stays `RawJson`, the rest is parsed. msgspec's reader validates the whole
+An answer the proxy awaits from an HTTP upstream (a `tools/call`'s, a batch member's) is read
+to its envelope (`read_upstream_message(raw, lazy_output=True)`): the tool's output, a result's
+`content` and `structuredContent`, which the proxy relays and stores but never reads, stays
+`RawJson`; the rest is parsed. msgspec's reader validates the whole
 document but builds nothing for what it skips, so a megabyte of tool output costs a scan, not a
 tree of Python objects; what it cannot vouch for (a member outside JSON-RPC's, a NaN, a lone
 surrogate) is parsed whole as before.
@@ -258,8 +259,8 @@ def kind_of(message: Mapping[str, Any]) -> MessageKind | None:
 def read_upstream_message(raw: bytes | str, *, lazy_output: bool = False) -> WireMessage | None:
     """Parse one upstream message (SSE `data` or a stdio line); `None` if it is not one.
 
-    `lazy_output`: the caller reads nothing of a result's `content` and `structuredContent` (it
-    relays the answer, and stores it as its bytes): those stay `RawJson`.
+    `lazy_output`: a result's `content` and `structuredContent` (a tool's output, which the
+    proxy relays and stores as its bytes but never reads) stay `RawJson`.
     """
     data = raw.encode() if isinstance(raw, str) else raw
     value = _envelope(data) if lazy_output else None
