@@ -120,9 +120,11 @@ async def test_http_exchange_relays_progress_before_the_answer(
         pool, spec, _request(5, "slow_progress", token="t5", steps=2), relay=relay
     )
     assert answer["id"] == 5
-    assert answer["result"]["content"][0]["text"] == "done after 2 steps"
+    # the tool's output is kept as the upstream's JSON text: read it as the client would
+    relayed = json.loads(wire_bytes(answer))
+    assert relayed["result"]["content"][0]["text"] == "done after 2 steps"
     assert [m["params"]["progress"] for m in relay.messages] == [1, 2]
-    assert json.loads(answer.raw) == answer  # type: ignore[attr-defined]
+    assert json.loads(answer.raw) == relayed  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(("status", "error"), [(429, UpstreamPressure), (503, UpstreamPressure)])
