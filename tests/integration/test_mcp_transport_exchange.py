@@ -243,7 +243,7 @@ async def test_stdio_exchange_rewrites_ids_and_tokens_and_restores_them(shared: 
         )
     )
     assert [a["id"] for a in answers] == [1, 1]
-    assert [a["result"]["content"][0]["text"] for a in answers] == [
+    assert [json.loads(wire_bytes(a))["result"]["content"][0]["text"] for a in answers] == [
         "done after 2 steps",
         "done after 3 steps",
     ]
@@ -294,6 +294,39 @@ async def test_a_shared_process_that_echoes_the_minted_id_still_answers_under_th
     assert note["params"]["message"].startswith("interlock-")  # the server's echo, as it was
 
 
+# The same, echoing the id it was sent in a tool's output (content and structuredContent).
+_ECHO_IN_OUTPUT = _ECHO_FIRST.replace(
+    "{'seen': request['id']}",
+    "{'content': [{'type': 'text', 'text': request['id']}],"
+    " 'structuredContent': {'seen': request['id']}}",
+)
+
+
+async def test_a_shared_process_that_echoes_the_minted_id_in_its_output_relays_it_as_it_was():
+    """A tool's output is read only as its JSON text; when the answer must be encoded afresh
+    (the minted id occurs twice), that text goes out as the server wrote it."""
+    spec = stdio_upstream("echo", command=(sys.executable, "-c", _ECHO_IN_OUTPUT))
+    process = StdioProcess(spec, shared=True, max_line_bytes=1 << 20)
+    await process.start()
+    try:
+        answer = await process.exchange(
+            _request(8, "anything"), raw=None, relay=Collected(), timeout_s=10
+        )
+    finally:
+        await process.close()
+    relayed = json.loads(wire_bytes(answer))
+    minted = relayed["result"]["structuredContent"]["seen"]
+    assert minted.startswith("interlock-")
+    assert relayed == {
+        "result": {
+            "content": [{"type": "text", "text": minted}],
+            "structuredContent": {"seen": minted},
+        },
+        "jsonrpc": "2.0",
+        "id": 8,
+    }
+
+
 async def test_stdio_timeout_cancels_the_request_in_the_process(shared: StdioProcess):
     """A stdio attempt past its timeout raises UpstreamTimeout and the process stops the call."""
     with pytest.raises(UpstreamTimeout):
@@ -304,7 +337,7 @@ async def test_stdio_timeout_cancels_the_request_in_the_process(shared: StdioPro
             timeout_s=0.5,
         )
     counts = await shared.exchange(_request(2, "count"), raw=None, relay=Collected(), timeout_s=10)
-    state = counts["result"]["structuredContent"]
+    state = json.loads(wire_bytes(counts))["result"]["structuredContent"]
     assert "s-timeout" in state["cancelled"]
 
 

@@ -112,8 +112,8 @@ async def test_a_relayed_call_and_its_answer_are_each_parsed_once(
     proxy: RunningProxy, http: aiohttp.ClientSession, parses: Parses, upstream: str
 ):
     """A session's tools/call: the request is parsed when it arrives and the answer when the
-    upstream sends it (to its envelope from an HTTP upstream; whole from a stdio one, whose ids
-    the proxy may have to put back); both go on as the bytes they came as."""
+    upstream sends it (to its envelope: the tool's output is never built); both go on as the
+    bytes they came as."""
     raw = RawMcp(http, proxy.mcp_url(upstream))
     await raw.initialize()
     body = json.dumps(_call(5, f"{MARK} one")).encode()
@@ -121,10 +121,7 @@ async def test_a_relayed_call_and_its_answer_are_each_parsed_once(
     assert answer.status == 200
     assert json.loads(answer.messages[-1])["result"]["content"][0]["text"] == f"{MARK} one"
     assert parses.requests == 1
-    if upstream == "stdio":
-        assert (parses.answers, parses.envelopes) == (2, 0)  # the proxy's, and the test's own
-    else:
-        assert (parses.answers, parses.envelopes) == (1, 1)  # the test's own; the envelope
+    assert (parses.answers, parses.envelopes) == (1, 1)  # the test's own; the envelope
 
 
 @pytest.mark.parametrize("upstream", ["json", "stdio"])
@@ -139,10 +136,7 @@ async def test_a_modern_call_and_its_answer_are_each_parsed_once(
     assert last["id"] == 9
     assert last["result"]["content"][0]["text"] == MARK
     assert parses.requests == 1
-    if upstream == "stdio":
-        assert (parses.answers, parses.envelopes) == (2, 0)  # the proxy's, and the test's own
-    else:
-        assert (parses.answers, parses.envelopes) == (1, 1)  # the test's own; the envelope
+    assert (parses.answers, parses.envelopes) == (1, 1)  # the test's own; the envelope
 
 
 async def test_a_batch_parses_each_answer_once(

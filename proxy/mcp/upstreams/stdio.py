@@ -5,7 +5,8 @@ process of its own (`StdioProcess(shared=False)`): its request ids are the clien
 rewritten, and the proxy mints the `Mcp-Session-Id`. Modern-era (2026-07-28) requests of all
 clients share one process per upstream (`shared=True`): each request gets a proxy-minted id (and
 progress token) so answers and progress find their way back, and the original id is put back into
-the response's bytes.
+the response's bytes. Each line is read once, to its envelope: a result's tool output (`content`,
+`structuredContent`) stays `RawJson`, the server's own JSON text.
 
 Messages the process sends that belong to no request (server→client requests, log messages,
 list-changed notifications) go to the `tools/call` most recently in flight (else any request in
@@ -285,7 +286,7 @@ class StdioProcess:
             await self._on_exit()
 
     async def _route(self, line: bytes) -> None:
-        message = read_upstream_message(line)
+        message = read_upstream_message(line, lazy_output=True)
         if message is None:
             log.warning(
                 "%s: ignoring a stdout line that is not JSON-RPC: %.200r", self.spec.name, line

@@ -11,10 +11,10 @@ put back, a trace context added) builds a new dict for it, leaving nested values
 `INTERLOCK_CHECK_WIRE=1` (the test suite does) makes `wire_bytes` re-read the bytes and fail
 loudly if a nested value was edited in place after all.
 
-An answer the proxy awaits from an HTTP upstream (a `tools/call`'s, a batch member's) is read
-to its envelope (`read_upstream_message(raw, lazy_output=True)`): the tool's output, a result's
-`content` and `structuredContent`, which the proxy relays and stores but never reads, stays
-`RawJson`; the rest is parsed. msgspec's reader validates the whole
+An answer the proxy awaits from an upstream (a `tools/call`'s, a batch member's; every line of
+a stdio process) is read to its envelope (`read_upstream_message(raw, lazy_output=True)`): the
+tool's output, a result's `content` and `structuredContent`, which the proxy relays and stores
+but never reads, stays `RawJson`; the rest is parsed. msgspec's reader validates the whole
 document but builds nothing for what it skips, so a megabyte of tool output costs a scan, not a
 tree of Python objects; what it cannot vouch for (a member outside JSON-RPC's, a NaN, a lone
 surrogate) is parsed whole as before.
