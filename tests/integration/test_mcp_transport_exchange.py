@@ -327,6 +327,34 @@ async def test_a_shared_process_that_echoes_the_minted_id_in_its_output_relays_i
     }
 
 
+# A JSON-lines server whose answers carry a number beyond a double in a member the proxy reads.
+_OUT_OF_RANGE = (
+    "import json, sys\n"
+    "for line in sys.stdin:\n"
+    "    request_id = json.dumps(json.loads(line)['id'])\n"
+    '    print(\'{"jsonrpc":"2.0","id":\' + request_id + \',"result":\'\n'
+    '          \'{"content":[],"_meta":{"n":1e400}}}\', flush=True)\n'
+)
+
+
+async def test_a_number_beyond_a_double_in_a_stdio_answer_keeps_the_process():
+    """The envelope reader refuses such a number; the answer is then parsed whole (as infinity,
+    like Python's json module), answered, and the process goes on to answer the next call."""
+    spec = stdio_upstream("odd", command=(sys.executable, "-c", _OUT_OF_RANGE))
+    process = StdioProcess(spec, shared=True, max_line_bytes=1 << 20)
+    await process.start()
+    try:
+        for number in (1, 2):
+            answer = await process.exchange(
+                _request(number, "anything"), raw=None, relay=Collected(), timeout_s=10
+            )
+            assert answer["id"] == number
+            assert answer["result"]["_meta"] == {"n": float("inf")}
+        assert process.alive
+    finally:
+        await process.close()
+
+
 async def test_stdio_timeout_cancels_the_request_in_the_process(shared: StdioProcess):
     """A stdio attempt past its timeout raises UpstreamTimeout and the process stops the call."""
     with pytest.raises(UpstreamTimeout):

@@ -95,6 +95,11 @@ def test_exact_ids_and_errors_are_read_whole():
         b'{"jsonrpc":"2.0","id":1,"extra":true,"result":{"content":[]}}',  # a member we skip
         b'{"jsonrpc":"2.0","id":1,"result":{"content":[1]},"result":{"content":[2]}}',
         b'{"jsonrpc":"2.0","id":1,"result":[1,2]}',  # a result that is not an object
+        # a number beyond a double where the reader builds values: msgspec refuses it, the
+        # whole parse reads it as infinity (as Python's json module does)
+        b'{"jsonrpc":"2.0","id":1,"result":{"content":[],"_meta":{"n":1e400}}}',
+        b'{"jsonrpc":"2.0","id":1,"result":{"tools":[{"n":-1e400}]}}',
+        b'{"jsonrpc":"2.0","id":1,"result":{"content":[{"n":1e400}],"isError":false}}',
         b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":1}}',
         b'{"jsonrpc":"2.0","id":3,"method":"sampling/createMessage","params":{"content":[]}}',
     ],

@@ -266,22 +266,24 @@ class StdioProcess:
         stdout = self._proc.stdout
         try:
             while True:
-                line = await stdout.readline()
+                try:
+                    line = await stdout.readline()
+                except ValueError as exc:  # over the limit: the stream cannot be resynchronised
+                    self._too_large = True
+                    log.error(
+                        "%s: stdio line over %d bytes (%s); stopping it",
+                        self.spec.name,
+                        self._max_line,
+                        exc,
+                    )
+                    with contextlib.suppress(ProcessLookupError):
+                        self._proc.kill()
+                    break
                 if not line:
                     break
                 line = line.rstrip(b"\r\n")
                 if line:
                     await self._route(line)
-        except ValueError as exc:  # a line over the limit: the stream cannot be resynchronised
-            self._too_large = True
-            log.error(
-                "%s: stdio line over %d bytes (%s); stopping it",
-                self.spec.name,
-                self._max_line,
-                exc,
-            )
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.kill()
         finally:
             await self._on_exit()
 

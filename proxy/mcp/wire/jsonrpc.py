@@ -17,7 +17,7 @@ tool's output, a result's `content` and `structuredContent`, which the proxy rel
 but never reads, stays `RawJson`; the rest is parsed. msgspec's reader validates the whole
 document but builds nothing for what it skips, so a megabyte of tool output costs a scan, not a
 tree of Python objects; what it cannot vouch for (a member outside JSON-RPC's, a NaN, a lone
-surrogate) is parsed whole as before.
+surrogate, a number beyond a double) is parsed whole as before.
 """
 
 from __future__ import annotations
@@ -294,11 +294,18 @@ _decode_member = msgspec.json.Decoder().decode
 def _envelope(data: bytes) -> dict[str, Any] | None:
     """The message with its result's tool output left as text; None when the reader cannot
     vouch for it (not JSON to msgspec, a member outside JSON-RPC's, not UTF-8, nested deeper
-    than the interpreter's recursion limit): the caller then parses it whole."""
+    than the interpreter's recursion limit, a number beyond a double in a member it reads):
+    the caller then parses it whole."""
     try:
         envelope = _ENVELOPE.decode(data)
         if not data.isascii():
             data.decode("utf-8")  # msgspec does not check the UTF-8 of what it skips
+        result: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+        if isinstance(envelope.result, dict):
+            result = {
+                name: RawJson(bytes(text)) if name in _TOOL_OUTPUT else _decode_member(text)
+                for name, text in envelope.result.items()
+            }
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
         return None
     value = {
@@ -306,11 +313,8 @@ def _envelope(data: bytes) -> dict[str, Any] | None:
         for name in _MEMBERS
         if (member := getattr(envelope, name)) is not msgspec.UNSET
     }
-    if isinstance(envelope.result, dict):
-        value["result"] = {
-            name: RawJson(bytes(text)) if name in _TOOL_OUTPUT else _decode_member(text)
-            for name, text in envelope.result.items()
-        }
+    if result is not msgspec.UNSET:
+        value["result"] = result
     return value
 
 
