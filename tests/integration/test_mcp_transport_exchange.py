@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from policies.model import UpstreamSpec
 from proxy.errors import (
@@ -215,6 +216,38 @@ async def test_http_upstream_dying_mid_call_is_upstream_lost(pool: HttpUpstreams
         with pytest.raises(UpstreamLost) as caught:
             await _exchange(pool, spec, _request(1, "die"))
     assert not isinstance(caught.value, UpstreamTimeout)
+
+
+_BEYOND_A_DOUBLE = '{"jsonrpc":"2.0","id":%s,"result":{"content":[],"_meta":{"n":1e400}}}'
+
+
+@pytest.mark.parametrize("framing", ["json", "sse"])
+async def test_an_http_answer_with_a_number_beyond_a_double_is_answered(
+    pool: HttpUpstreams, framing: str
+):
+    """The envelope reader refuses such a number in a member it builds; the answer is then parsed
+    whole (as infinity, like Python's json module) instead of failing the call."""
+
+    async def answer(request: web.Request) -> web.Response:
+        body = _BEYOND_A_DOUBLE % json.dumps((await request.json())["id"])
+        if framing == "json":
+            return web.Response(text=body, content_type="application/json")
+        return web.Response(text=f"data: {body}\n\n", content_type="text/event-stream")
+
+    app = web.Application()
+    app.router.add_post("/mcp", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        spec = http_upstream("odd", f"http://127.0.0.1:{port}/mcp")
+        got = await _exchange(pool, spec, _request(4, "anything"))
+    finally:
+        await runner.cleanup()
+    assert got["id"] == 4
+    assert got["result"]["_meta"] == {"n": float("inf")}
 
 
 # --- stdio ---
