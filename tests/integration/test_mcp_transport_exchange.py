@@ -32,6 +32,7 @@ from proxy.mcp.wire.sse import SseParser
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import ENVELOPE, MODERN, http_upstream, stdio_upstream
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
+from tests.integration.proxy_harness import serving
 from tests.integration.waiting import wait_until
 
 
@@ -236,16 +237,8 @@ async def test_an_http_answer_with_a_number_beyond_a_double_is_answered(
 
     app = web.Application()
     app.router.add_post("/mcp", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        spec = http_upstream("odd", f"http://127.0.0.1:{port}/mcp")
-        got = await _exchange(pool, spec, _request(4, "anything"))
-    finally:
-        await runner.cleanup()
+    async with serving(app) as base_url:
+        got = await _exchange(pool, http_upstream("odd", f"{base_url}/mcp"), _request(4, "x"))
     assert got["id"] == 4
     assert got["result"]["_meta"] == {"n": float("inf")}
 
