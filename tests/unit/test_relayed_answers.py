@@ -161,3 +161,37 @@ def test_a_lazy_read_equals_the_whole_parse(result: dict[str, Any], ascii_only: 
     assert json.loads(dumps(lazy)) == document
     assert json.loads(encode_outcome(lazy)) == {"result": result}
     assert wire_bytes(lazy) is raw
+
+
+# JSON text that Python's encoder never writes: number literals of any size and exponent
+# (beyond a double, below its smallest step, integers past 64 bits), and extra whitespace.
+_number_text = st.from_regex(
+    r"-?(0|[1-9][0-9]{0,24})(\.[0-9]{1,6})?([eE][+-]?[0-9]{1,4})?", fullmatch=True
+)
+_json_text = st.recursive(
+    _number_text | st.sampled_from(["null", "true", "false", '"x"', '"\\u00e9"']),
+    lambda inner: (
+        st.lists(inner, max_size=4).map(lambda items: "[ " + " , ".join(items) + " ]")
+        | st.lists(inner, max_size=3).map(
+            lambda items: "{" + ",".join(f'"k{n}": {item}' for n, item in enumerate(items)) + "}"
+        )
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    members=st.dictionaries(
+        st.sampled_from(["content", "structuredContent", "isError", "_meta", "other"]),
+        _json_text,
+    )
+)
+def test_a_lazy_read_of_any_json_text_equals_the_whole_parse(members: dict[str, str]):
+    """Whatever numbers the upstream writes, the envelope read never raises and reads what the
+    whole parse reads (falling back to it where msgspec refuses a number)."""
+    result = "{" + ",".join(f'"{name}": {text}' for name, text in members.items()) + "}"
+    raw = f'{{"jsonrpc": "2.0", "id": 1, "result": {result}}}'.encode()
+    whole = read_upstream_message(raw)
+    assert whole is not None
+    assert read_upstream_message(raw, lazy_output=True) == whole
