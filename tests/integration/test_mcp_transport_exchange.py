@@ -7,6 +7,7 @@ pipeline can rely on exactly which `proxy.errors` type each failure is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import sys
@@ -277,6 +278,18 @@ async def test_stdio_exchange_rewrites_ids_and_tokens_and_restores_them(shared: 
     assert all(m["params"]["progressToken"] == 1 for r in relays for m in r.messages)
 
 
+@contextlib.asynccontextmanager
+async def _shared_script(script: str) -> AsyncIterator[StdioProcess]:
+    """A shared stdio process running the Python `script` (a hand-written JSON-lines server)."""
+    spec = stdio_upstream("script", command=(sys.executable, "-c", script))
+    process = StdioProcess(spec, shared=True, max_line_bytes=1 << 20)
+    await process.start()
+    try:
+        yield process
+    finally:
+        await process.close()
+
+
 # A JSON-lines server that writes each answer's result before its id (as the TypeScript SDK's
 # servers do) and echoes the id it was sent inside that result; with a progress token, it first
 # sends one progress notification that echoes the token in its message, before the token member.
@@ -299,16 +312,11 @@ async def test_a_shared_process_that_echoes_the_minted_id_still_answers_under_th
     which occurrence is the id member: a server that writes its result first and echoes the id
     there leaves two, so the answer is encoded afresh: the client's id, the server's result as
     it was (not the echo replaced). The same holds for a progress notification's token."""
-    spec = stdio_upstream("echo", command=(sys.executable, "-c", _ECHO_FIRST))
-    process = StdioProcess(spec, shared=True, max_line_bytes=1 << 20)
-    await process.start()
     relay = Collected()
-    try:
+    async with _shared_script(_ECHO_FIRST) as process:
         answer = await process.exchange(
             _request(7, "anything", token="t-7"), raw=None, relay=relay, timeout_s=10
         )
-    finally:
-        await process.close()
     minted = answer["result"]["seen"]
     assert isinstance(minted, str)
     assert minted.startswith("interlock-")
@@ -331,15 +339,10 @@ _ECHO_IN_OUTPUT = _ECHO_FIRST.replace(
 async def test_a_shared_process_that_echoes_the_minted_id_in_its_output_relays_it_as_it_was():
     """A tool's output is read only as its JSON text; when the answer must be encoded afresh
     (the minted id occurs twice), that text goes out as the server wrote it."""
-    spec = stdio_upstream("echo", command=(sys.executable, "-c", _ECHO_IN_OUTPUT))
-    process = StdioProcess(spec, shared=True, max_line_bytes=1 << 20)
-    await process.start()
-    try:
+    async with _shared_script(_ECHO_IN_OUTPUT) as process:
         answer = await process.exchange(
             _request(8, "anything"), raw=None, relay=Collected(), timeout_s=10
         )
-    finally:
-        await process.close()
     relayed = json.loads(wire_bytes(answer))
     minted = relayed["result"]["structuredContent"]["seen"]
     assert minted.startswith("interlock-")
@@ -366,10 +369,7 @@ _OUT_OF_RANGE = (
 async def test_a_number_beyond_a_double_in_a_stdio_answer_keeps_the_process():
     """The envelope reader refuses such a number; the answer is then parsed whole (as infinity,
     like Python's json module), answered, and the process goes on to answer the next call."""
-    spec = stdio_upstream("odd", command=(sys.executable, "-c", _OUT_OF_RANGE))
-    process = StdioProcess(spec, shared=True, max_line_bytes=1 << 20)
-    await process.start()
-    try:
+    async with _shared_script(_OUT_OF_RANGE) as process:
         for number in (1, 2):
             answer = await process.exchange(
                 _request(number, "anything"), raw=None, relay=Collected(), timeout_s=10
@@ -377,8 +377,6 @@ async def test_a_number_beyond_a_double_in_a_stdio_answer_keeps_the_process():
             assert answer["id"] == number
             assert answer["result"]["_meta"] == {"n": float("inf")}
         assert process.alive
-    finally:
-        await process.close()
 
 
 async def test_stdio_timeout_cancels_the_request_in_the_process(shared: StdioProcess):

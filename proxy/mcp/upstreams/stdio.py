@@ -265,27 +265,30 @@ class StdioProcess:
         assert self._proc.stdout is not None
         stdout = self._proc.stdout
         try:
-            while True:
-                try:
-                    line = await stdout.readline()
-                except ValueError as exc:  # over the limit: the stream cannot be resynchronised
-                    self._too_large = True
-                    log.error(
-                        "%s: stdio line over %d bytes (%s); stopping it",
-                        self.spec.name,
-                        self._max_line,
-                        exc,
-                    )
-                    with contextlib.suppress(ProcessLookupError):
-                        self._proc.kill()
-                    break
-                if not line:
-                    break
+            while line := await self._next_line(stdout):
                 line = line.rstrip(b"\r\n")
                 if line:
                     await self._route(line)
         finally:
             await self._on_exit()
+
+    async def _next_line(self, stdout: asyncio.StreamReader) -> bytes:
+        """The next line; empty at the end of the stream, or after one over the limit (which
+        cannot be resynchronised: the process is stopped and its calls fail as too large)."""
+        try:
+            return await stdout.readline()
+        except ValueError as exc:  # readline's own: only the limit, never a line's content
+            self._too_large = True
+            log.error(
+                "%s: stdio line over %d bytes (%s); stopping it",
+                self.spec.name,
+                self._max_line,
+                exc,
+            )
+            if self._proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    self._proc.kill()
+            return b""
 
     async def _route(self, line: bytes) -> None:
         message = read_upstream_message(line, lazy_output=True)

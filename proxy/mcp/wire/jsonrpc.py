@@ -300,21 +300,18 @@ def _envelope(data: bytes) -> dict[str, Any] | None:
         envelope = _ENVELOPE.decode(data)
         if not data.isascii():
             data.decode("utf-8")  # msgspec does not check the UTF-8 of what it skips
-        result: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+        value = {
+            name: member
+            for name in _MEMBERS
+            if (member := getattr(envelope, name)) is not msgspec.UNSET
+        }
         if isinstance(envelope.result, dict):
-            result = {
+            value["result"] = {
                 name: RawJson(bytes(text)) if name in _TOOL_OUTPUT else _decode_member(text)
                 for name, text in envelope.result.items()
             }
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
         return None
-    value = {
-        name: member
-        for name in _MEMBERS
-        if (member := getattr(envelope, name)) is not msgspec.UNSET
-    }
-    if result is not msgspec.UNSET:
-        value["result"] = result
     return value
 
 
