@@ -19,7 +19,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import ElicitRequestParams, ElicitResult
 
 from proxy.mcp.catalog import CATALOG
-from proxy.state import CONFIG
+from proxy.state import CONFIG, LEDGER
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import (
     ENVELOPE,
@@ -392,3 +392,33 @@ async def test_a_client_that_stops_reading_does_not_stall_the_shared_process(
             await asyncio.sleep(0.2)
     finally:
         silent.close()
+
+
+async def test_a_side_effect_over_stdio_is_recorded_before_and_after_and_replayed(tmp_path: Path):
+    """A side-effecting call to a stdio process is claimed in the ledger before it is sent and
+    its answer (read to its envelope: the tool's output as the server's text) is recorded; the
+    same key then replays that answer without reaching the process again."""
+    upstreams = {"st": stdio_upstream("st", timeout_s=10)}
+    async with running_proxy(upstreams, tmp_path, read_only=False) as proxy:
+        store = proxy.app[LEDGER].store
+        assert store is not None
+        meta = {"interlock/idempotency-key": "k-stdio"}
+        args = {"to": "a@example.com", "subject": "once"}
+        async with Client(proxy.mcp_url("st"), mode="legacy") as client:  # one process
+            first = await client.call_tool("send_email", args, meta=meta)
+            again = await client.call_tool("send_email", args, meta=meta)
+            counts = await client.call_tool("count", {})
+        entry, history = await store.get("k-stdio")
+    assert first.content[0].text == "sent email #1 to a@example.com"
+    assert again.content == first.content
+    assert (again.meta or {}).get("interlock/replayed") is True
+    assert counts.structured_content is not None
+    assert counts.structured_content["emails_total"] == 1
+    assert [(str(t.from_state), str(t.to_state)) for t in history] == [
+        ("None", "running"),
+        ("running", "succeeded"),
+    ]
+    assert entry.outcome is not None
+    assert json.loads(entry.outcome)["result"]["content"] == [
+        {"type": "text", "text": "sent email #1 to a@example.com"}
+    ]
