@@ -69,7 +69,7 @@ async def admit(call: HttpCall) -> Slot:
             raise
         decision = "queued" if slot.decision == "queued_then_admitted" else "admitted"
         metrics.admission(decision, call.upstream.name)
-        metrics.queue_wait(call.upstream.name, slot.queue_wait_s)
+        metrics.queue_wait(call.upstream.name, call.work_class, slot.queue_wait_s)
         if slot.would_reject is not None:
             refusal = slot.would_reject
             metrics.would_reject(refusal.reason, refusal.scope, call.upstream.name)

@@ -11,7 +11,8 @@ Prometheus names (dots become underscores; counters get `_total`, seconds get `_
 `interlock_queue_oldest_wait_seconds{scope}`, `interlock_running{scope}`,
 `interlock_upstream_cooldown_active{upstream}`, `interlock_ledger_entries{state}`,
 `interlock_ledger_commits_total`, `interlock_ledger_committed_operations_total`,
-`interlock_admission_to_first_byte_seconds`, `mcp_server_operation_duration_seconds`, ...
+`interlock_admission_to_first_byte_seconds{upstream}`,
+`interlock_queue_wait_seconds{upstream,class}`, `mcp_server_operation_duration_seconds`, ...
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class _Instruments:
 
         # Attribute mappings built once and shared (never mutated), cleared with the instruments.
         self.upstream_attrs: dict[str, Mapping[str, str]] = {}
+        self.class_attrs: dict[tuple[str, str], Mapping[str, str]] = {}
         self.duration_attrs: dict[tuple[str | None, ...], Mapping[str, str]] = {}
         self.refusals = c("interlock.admission.refusals", "{call}", "Calls refused")
         self.admissions = c(
@@ -303,9 +305,16 @@ def first_byte(upstream: str, seconds: float) -> None:
     _instruments.first_byte.record(seconds, _upstream_attrs(upstream))
 
 
-def queue_wait(upstream: str, seconds: float) -> None:
-    """How long an admitted call waited in the queue."""
-    _instruments.queue_wait.record(seconds, _upstream_attrs(upstream))
+def queue_wait(upstream: str, work_class: str, seconds: float) -> None:
+    """How long an admitted call waited in the queue, per upstream and work class (a priority
+    band: one of four names, so the label stays bounded)."""
+    cache = _instruments.class_attrs
+    attrs = cache.get((upstream, work_class))
+    if attrs is None:
+        attrs = {"upstream": _upstream(upstream), "class": labels.bounded("class", work_class)}
+        if len(cache) < _ATTRS_CACHE_MAX:
+            cache[(upstream, work_class)] = attrs
+    _instruments.queue_wait.record(seconds, attrs)
 
 
 def token_usage(upstream: str, model: str | None, input_tokens: int, output_tokens: int) -> None:

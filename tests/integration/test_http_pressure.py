@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration import fake_provider
 from tests.integration.fake_provider import (
@@ -204,6 +205,43 @@ async def test_streaming_caller_queued_behind_a_full_upstream_sees_queued(
     assert not one.startswith(b":")
     assert two.startswith(b": queued\n\n")
     assert two.rstrip().endswith(b"data: [DONE]")
+
+
+async def test_a_queued_calls_wait_is_measured_under_its_work_class(
+    provider: FakeProvider, tmp_path: Path
+) -> None:
+    """`interlock_queue_wait_seconds` is per upstream and work class: a background call queued
+    behind an interactive one shows its wait under `class="background"`, the interactive call's
+    none under `class="interactive"`."""
+    limits = "limits: {max_running: 1, max_pending: 4, max_wait_s: 5}"
+    async with running_proxy(config(provider, limits), tmp_path) as proxy:
+        provider.gate_streams = True
+        first = asyncio.create_task(stream_bytes(proxy, {"X-Interlock-Class": "interactive"}))
+        await wait_until(lambda: provider.count() == 1)
+        second = asyncio.create_task(stream_bytes(proxy, {"X-Interlock-Class": "background"}))
+        await wait_until(lambda: proxy.scheduler.snapshot().scopes["upstream:fake"].queued == 1)
+        await asyncio.sleep(0.03)  # the background call has waited at least this long
+        provider.first_chunk_seen.set()
+        async with asyncio.timeout(BOUNDED_S):
+            await asyncio.gather(first, second)
+        async with aiohttp.ClientSession() as http, http.get(f"{proxy.base}/metrics") as answer:
+            text = await answer.text()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+    def series(name: str, work_class: str, **more: str) -> float:
+        return samples[
+            (name, tuple(sorted({"class": work_class, "upstream": "fake", **more}.items())))
+        ]
+
+    assert series("interlock_queue_wait_seconds_count", "background") == 1
+    assert series("interlock_queue_wait_seconds_sum", "background") >= 0.03
+    assert series("interlock_queue_wait_seconds_bucket", "background", le="0.025") == 0
+    assert series("interlock_queue_wait_seconds_count", "interactive") == 1
+    assert series("interlock_queue_wait_seconds_bucket", "interactive", le="0.005") == 1
 
 
 async def test_model_call_lost_before_the_first_byte_is_retried(

@@ -400,13 +400,14 @@ async def test_a_tool_error_is_recorded_failed_and_replayed_as_itself(
 async def test_metrics_count_admissions_outcomes_and_first_byte(
     fresh: RunningUpstream, tmp_path: Path
 ):
-    """/metrics shows the admissions, the idempotency outcomes (new, replayed) and the
-    admission-to-answer histogram of the MCP calls that were driven."""
+    """/metrics shows the admissions, the idempotency outcomes (new, replayed), the
+    admission-to-answer histogram and the queue waits per work class of the MCP calls that were
+    driven."""
     async with running_proxy(config(fresh), tmp_path) as proxy:
         url = proxy.mcp_url("up")
         args = {"to": "m@x", "subject": "metrics"}
         await call(url, "send_email", args, key="k-metrics")
-        await call(url, "send_email", args, key="k-metrics")
+        await call(url, "send_email", args, key="k-metrics", cls="background")
         async with aiohttp.ClientSession() as http, http.get(f"{proxy.base}/metrics") as answer:
             text = await answer.text()
     samples = {
@@ -426,6 +427,10 @@ async def test_metrics_count_admissions_outcomes_and_first_byte(
     assert value("interlock_idempotency_outcomes_total", outcome="new", upstream="up") == 1
     assert value("interlock_idempotency_outcomes_total", outcome="replayed", upstream="up") == 1
     assert value("interlock_admission_to_first_byte_seconds_count", upstream="up") == 1
+    # queue waits per work class: the SRE's "is interactive work waiting?"
+    wait = "interlock_queue_wait_seconds_count"
+    assert value(wait, upstream="up", **{"class": "interactive"}) == 1
+    assert value(wait, upstream="up", **{"class": "background"}) == 1
 
 
 async def test_a_call_that_never_waits_gets_only_the_upstreams_progress(

@@ -144,15 +144,17 @@ def test_counters_stay_cumulative_across_scrapes(handle: TelemetryHandle) -> Non
 
 def test_histograms_count_each_value_in_its_bucket_cumulatively(handle: TelemetryHandle) -> None:
     """Bounds are inclusive upper limits; buckets, count and sum stay cumulative across scrapes,
-    one series per label set."""
+    one series per label set (the queue wait's: upstream and work class)."""
+    mail = (("class", "interactive"), ("upstream", "mail"))
 
-    def bucket(le: str, upstream: str = "mail") -> float:
+    def bucket(le: str, labels: tuple[tuple[str, str], ...] = mail) -> float:
         name = "interlock_queue_wait_seconds_bucket"
-        return samples[(name, (("le", le), ("upstream", upstream)))]
+        return samples[(name, tuple(sorted((("le", le), *labels))))]
 
     for seconds in (0.005, 0.0051, 0.3, 400.0):
-        metrics.queue_wait("mail", seconds)
-    metrics.queue_wait("files", 0.001)
+        metrics.queue_wait("mail", "interactive", seconds)
+    metrics.queue_wait("files", "interactive", 0.001)
+    metrics.queue_wait("mail", "background", 0.02)
     samples = scrape(handle)
     assert [bucket(le) for le in ("0.005", "0.01", "0.25", "0.5", "300", "+Inf")] == [
         1,
@@ -162,16 +164,17 @@ def test_histograms_count_each_value_in_its_bucket_cumulatively(handle: Telemetr
         3,
         4,
     ]
-    assert samples[("interlock_queue_wait_seconds_count", (("upstream", "mail"),))] == 4
-    assert samples[("interlock_queue_wait_seconds_sum", (("upstream", "mail"),))] == pytest.approx(
-        400.3101
-    )
-    assert bucket("0.005", "files") == 1
-    metrics.queue_wait("mail", 2.0)
+    assert samples[("interlock_queue_wait_seconds_count", mail)] == 4
+    assert samples[("interlock_queue_wait_seconds_sum", mail)] == pytest.approx(400.3101)
+    assert bucket("0.005", (("class", "interactive"), ("upstream", "files"))) == 1
+    background = (("class", "background"), ("upstream", "mail"))
+    assert [bucket(le, background) for le in ("0.01", "0.025")] == [0, 1]
+    metrics.queue_wait("mail", "interactive", 2.0)
     samples = scrape(handle)
     assert bucket("2.5") == 4
     assert bucket("+Inf") == 5
-    assert samples[("interlock_queue_wait_seconds_count", (("upstream", "mail"),))] == 5
+    assert samples[("interlock_queue_wait_seconds_count", mail)] == 5
+    assert samples[("interlock_queue_wait_seconds_count", background)] == 1
 
 
 def test_histograms_are_declared_with_help_and_type(handle: TelemetryHandle) -> None:

@@ -87,7 +87,7 @@ async def defer_or_start(call: ToolCall, admission: AdmissionRequest) -> JsonObj
         slot = call.ctx.app[SCHEDULER].try_admit(admission)
         if slot is not None:
             metrics.admission("admitted", call.ctx.upstream.name)
-            metrics.queue_wait(call.ctx.upstream.name, 0.0)
+            metrics.queue_wait(call.ctx.upstream.name, admission.work_class, 0.0)
             call.span.set_attribute(tracing.Attr.ADMISSION_DECISION, "admitted")
             return slot
     return await _defer(call)

@@ -191,7 +191,7 @@ async def _admit(call: ToolCall, request: AdmissionRequest, on_wait: OnWait | No
         queue_span.set_attribute("interlock.queue.wait_s", slot.queue_wait_s)
     decision = "queued" if slot.decision == "queued_then_admitted" else "admitted"
     metrics.admission(decision, call.ctx.upstream.name)
-    metrics.queue_wait(call.ctx.upstream.name, slot.queue_wait_s)
+    metrics.queue_wait(call.ctx.upstream.name, request.work_class, slot.queue_wait_s)
     call.span.set_attribute("interlock.admission.decision", decision)
     call.span.set_attribute("interlock.queue.wait_s", slot.queue_wait_s)
     if slot.would_reject is not None:
