@@ -6,7 +6,7 @@ Targets, each its own process, measured in the same run:
   application hold;
 - interlock: `interlock serve` with a SQLite ledger, one MCP upstream (the test suite's real
   `MCPServer`) and one model-API upstream (the fake provider), telemetry disabled; started on a
-  new ledger (which it migrates: the migration tool stays loaded), then restarted on it;
+  new ledger (migrated by a child process `serve` starts), then restarted on it;
 - dependencies alone: a process that imports every module the restarted `interlock serve` had
   loaded when it stopped (the standard library's and the third-party packages' DESIGN chose:
   aiohttp, SQLAlchemy async with SQLModel, pydantic, OpenTelemetry, ...), none of Interlock's own,

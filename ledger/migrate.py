@@ -6,12 +6,19 @@ Both backends have transactional DDL, so a migration that dies half-way leaves n
 
 Alembic is imported only when a migration actually runs: opening a current database (every
 proxy start, every `interlock ledger` command) compares its revision with `HEAD_REVISION`, and a
-test keeps that constant equal to the newest script.
+test keeps that constant equal to the newest script. `interlock serve` goes further: a database
+that is behind is migrated by a child process (`migrate_out_of_process`, this module run as a
+program), so Alembic (about 12 MB, resident for the process's life once imported) never enters
+the proxy's memory; when the child cannot do it, the proxy migrates in-process as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
+import logging
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,8 +38,11 @@ __all__ = [
     "current_revision",
     "head_revision",
     "migrate_ledger",
+    "migrate_out_of_process",
     "upgrade",
 ]
+
+log = logging.getLogger("interlock.ledger")
 
 HEAD_REVISION = "0003"
 """The newest revision under `ledger/migrations/versions` (a test checks they agree)."""
@@ -40,6 +50,7 @@ HEAD_REVISION = "0003"
 VERSION_TABLE = "interlock_ledger_version"
 _ADVISORY_LOCK = 0x1E06E5  # any constant shared by every replica
 _LOCKED_RETRIES = 6
+_CHILD_ERROR_CHARS = 2000  # of a failed child's stderr, in the log line that reports it
 
 
 def alembic_config(connection: sa.Connection | None = None) -> Config:
@@ -134,3 +145,60 @@ async def migrate_ledger(settings: LedgerSettings) -> tuple[str | None, str]:
         return await upgrade(engines)
     finally:
         await engines.dispose()
+
+
+async def migrate_out_of_process(settings: LedgerSettings) -> bool:
+    """Migrate the ledger at `settings.url` to head in a child process when it is behind.
+
+    True when the schema is current afterwards (it already was, or the child migrated it); False
+    when this could not be read or the child failed (logged): the caller then migrates
+    in-process as it would have, and reports what fails there. The settings go to the child on
+    its stdin, never on its command line (a PostgreSQL URL may hold a password).
+    """
+    engines = open_engines(settings)
+    try:
+        if await current_revision(engines) == HEAD_REVISION:
+            return True
+    except LedgerUnavailable:
+        return False
+    finally:
+        await engines.dispose()
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "ledger.migrate",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        _, errors = await child.communicate(json.dumps(dataclasses.asdict(settings)).encode())
+    finally:
+        if child.returncode is None:  # cancelled while it ran
+            child.kill()
+            await child.wait()
+    if child.returncode != 0:
+        detail = errors.decode(errors="replace").strip()[-_CHILD_ERROR_CHARS:]
+        log.warning(
+            "the ledger migration in a child process failed (exit %s), migrating in this "
+            "process instead: %s",
+            child.returncode,
+            detail or "no message",
+        )
+        return False
+    return True
+
+
+def _migrate_from_stdin() -> int:
+    """The child's side: settings as JSON on stdin; exit 0 once the ledger is at head."""
+    settings = LedgerSettings(**json.loads(sys.stdin.read()))
+    try:
+        asyncio.run(migrate_ledger(settings))
+    except Exception as error:  # noqa: BLE001 - reported to the parent, which decides
+        print(f"{type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_migrate_from_stdin())
