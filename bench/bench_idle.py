@@ -36,7 +36,7 @@ from bench import bench_http, bench_mcp
 from bench.common import Table, bench_process, free_port, rss_mb
 from bench.mcp_upstream import counted_upstream
 
-__all__ = ["run"]
+__all__ = ["SERVE_LISTING", "run"]
 
 _GOAL_MB = 60.0
 _SETTLE_S = 1.0  # idle pause before each reading: let the loop finish closing what the run left
@@ -45,7 +45,7 @@ _OURS = "proxy,ledger,policies,__main__,__mp_main__"  # Interlock's own (the lau
 _LEDGER_STACK = "sqlalchemy,sqlmodel,aiosqlite,greenlet"
 # Both processes are started with `python -c` so that neither loads anything of the benchmark's.
 # `interlock serve`, writing the names of the modules it has loaded to argv[1] as it exits:
-_SERVE_LISTING = textwrap.dedent(
+SERVE_LISTING = textwrap.dedent(
     """
     import atexit, sys
     listing = sys.argv.pop(1)
@@ -142,7 +142,7 @@ async def _run(quick: bool) -> list[Table]:
             port = free_port()
             config = _config(Path(tmp), port, mcp, provider)
             listing = Path(tmp) / "modules.txt"
-            argv = [sys.executable, "-c", _SERVE_LISTING, str(listing)]
+            argv = [sys.executable, "-c", SERVE_LISTING, str(listing)]
             argv += ["serve", "--config", str(config)]
             # First start (the new ledger is migrated), then a restart on the migrated ledger.
             for label in ("interlock serve (first start)", "interlock serve (restart)"):

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +44,13 @@ def _wait_listening(process: subprocess.Popen[str], timeout_s: float = 20) -> No
 
 
 @contextlib.contextmanager
-def proxy_process(config: Path) -> Iterator[subprocess.Popen[str]]:
+def proxy_process(
+    config: Path, launcher: Sequence[str] = ("-m", "proxy")
+) -> Iterator[subprocess.Popen[str]]:
+    """`interlock serve` until it listens; `launcher`: what runs the CLI (after the interpreter)."""
     env = {**os.environ, "INTERLOCK_LOG_LEVEL": "WARNING"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", "--config", str(config)],
+        [sys.executable, *launcher, "serve", "--config", str(config)],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests import prometheus_text
 from tests.integration import fake_provider
 from tests.integration.fake_provider import (
     Behaviour,
@@ -187,21 +187,34 @@ async def test_streaming_caller_waiting_for_a_cooldown_sees_sse_comments(
     assert "".join(p or "" for p in parts) == "part0 part1 part2 "
 
 
+ONE_SLOT = "limits: {max_running: 1, max_pending: 4, max_wait_s: 5}"
+
+
+async def queued_behind(
+    proxy: RunningProxy, provider: FakeProvider, first: str, second: str, held_s: float = 0.0
+) -> tuple[bytes, bytes]:
+    """A streaming call of class `first` takes the upstream's one slot (its stream held open), a
+    second of class `second` queues behind it; `held_s` later the first stream goes on. Both
+    streams' bytes."""
+    provider.gate_streams = True
+    running = asyncio.create_task(stream_bytes(proxy, {"X-Interlock-Class": first}))
+    await wait_until(lambda: provider.count() == 1)
+    queued = asyncio.create_task(stream_bytes(proxy, {"X-Interlock-Class": second}))
+    await wait_until(lambda: proxy.scheduler.snapshot().scopes["upstream:fake"].queued == 1)
+    await asyncio.sleep(held_s)  # the queued call waits at least this long
+    provider.first_chunk_seen.set()
+    async with asyncio.timeout(BOUNDED_S):
+        one, two = await asyncio.gather(running, queued)
+    return one, two
+
+
 async def test_streaming_caller_queued_behind_a_full_upstream_sees_queued(
     provider: FakeProvider, tmp_path: Path
 ) -> None:
     """With the upstream's one slot taken, a streaming background call is told `: queued` and is
     served when the slot frees."""
-    limits = "limits: {max_running: 1, max_pending: 4, max_wait_s: 5}"
-    async with running_proxy(config(provider, limits), tmp_path) as proxy:
-        provider.gate_streams = True
-        first = asyncio.create_task(stream_bytes(proxy, {"X-Interlock-Class": "background"}))
-        await wait_until(lambda: provider.count() == 1)
-        second = asyncio.create_task(stream_bytes(proxy, {"X-Interlock-Class": "background"}))
-        await wait_until(lambda: proxy.scheduler.snapshot().scopes["upstream:fake"].queued == 1)
-        provider.first_chunk_seen.set()
-        async with asyncio.timeout(BOUNDED_S):
-            one, two = await asyncio.gather(first, second)
+    async with running_proxy(config(provider, ONE_SLOT), tmp_path) as proxy:
+        one, two = await queued_behind(proxy, provider, "background", "background")
     assert not one.startswith(b":")
     assert two.startswith(b": queued\n\n")
     assert two.rstrip().endswith(b"data: [DONE]")
@@ -213,24 +226,11 @@ async def test_a_queued_calls_wait_is_measured_under_its_work_class(
     """`interlock_queue_wait_seconds` is per upstream and work class: a background call queued
     behind an interactive one shows its wait under `class="background"`, the interactive call's
     none under `class="interactive"`."""
-    limits = "limits: {max_running: 1, max_pending: 4, max_wait_s: 5}"
-    async with running_proxy(config(provider, limits), tmp_path) as proxy:
-        provider.gate_streams = True
-        first = asyncio.create_task(stream_bytes(proxy, {"X-Interlock-Class": "interactive"}))
-        await wait_until(lambda: provider.count() == 1)
-        second = asyncio.create_task(stream_bytes(proxy, {"X-Interlock-Class": "background"}))
-        await wait_until(lambda: proxy.scheduler.snapshot().scopes["upstream:fake"].queued == 1)
-        await asyncio.sleep(0.03)  # the background call has waited at least this long
-        provider.first_chunk_seen.set()
-        async with asyncio.timeout(BOUNDED_S):
-            await asyncio.gather(first, second)
+    async with running_proxy(config(provider, ONE_SLOT), tmp_path) as proxy:
+        await queued_behind(proxy, provider, "interactive", "background", held_s=0.03)
         async with aiohttp.ClientSession() as http, http.get(f"{proxy.base}/metrics") as answer:
             text = await answer.text()
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    samples = prometheus_text.samples(text)
 
     def series(name: str, work_class: str, **more: str) -> float:
         return samples[

@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
-from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.state import LEDGER
+from tests import prometheus_text
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import RawMcp
 from tests.integration.mcp_servers import RunningUpstream
@@ -410,11 +410,7 @@ async def test_metrics_count_admissions_outcomes_and_first_byte(
         await call(url, "send_email", args, key="k-metrics", cls="background")
         async with aiohttp.ClientSession() as http, http.get(f"{proxy.base}/metrics") as answer:
             text = await answer.text()
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    samples = prometheus_text.samples(text)
 
     def value(name: str, **labels: str) -> float:
         return sum(
