@@ -163,14 +163,20 @@ async def migrate_out_of_process(settings: LedgerSettings) -> bool:
         return False
     finally:
         await engines.dispose()
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "ledger.migrate",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    try:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "ledger.migrate",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+    except OSError as error:  # no interpreter to start (an embedded or frozen Python)
+        log.warning(
+            "no child process for the ledger migration, migrating in this process: %s", error
+        )
+        return False
     try:
         _, errors = await child.communicate(json.dumps(dataclasses.asdict(settings)).encode())
     finally:

@@ -58,6 +58,15 @@ async def test_a_child_that_fails_leaves_the_migration_to_the_caller(
     assert await _revision(ledger_settings) == HEAD_REVISION
 
 
+@ledger_fixtures.only_sqlite
+async def test_a_child_that_cannot_start_leaves_the_migration_to_the_caller(
+    ledger_settings: LedgerSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("ledger.migrate.sys.executable", "/nonexistent/python")
+    assert await migrate_out_of_process(ledger_settings) is False
+    assert await _revision(ledger_settings) is None
+
+
 async def test_an_unreachable_ledger_is_left_to_the_caller() -> None:
     """The caller's own open reports it (or waits for it) as before; no child is started."""
     settings = LedgerSettings(url="postgresql://postgres@127.0.0.1:9/none")
