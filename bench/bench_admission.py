@@ -27,7 +27,7 @@ import time
 from bench.common import Table
 from policies.admission import AdmissionRequest, AdmissionState, Admit, Queue, decide_entry
 from policies.admission_book import AdmissionBook, Running
-from policies.model import Config, Limits, UpstreamSpec
+from policies.model import Config, Limits, UpstreamSpec, WorkClass
 
 __all__ = ["run"]
 
@@ -46,7 +46,7 @@ def _config() -> Config:
 def _request(population: str, number: int) -> AdmissionRequest:
     if population == "runs":
         return AdmissionRequest("acme", "background", "up", run_id=f"r{number}", deadline=1e12)
-    band = "bulk" if population == "two bands" and number % 16 == 0 else "background"
+    band: WorkClass = "bulk" if population == "two bands" and number % 16 == 0 else "background"
     return AdmissionRequest(f"t{number}", band, "up", run_id=f"r{number}", deadline=1e12)
 
 

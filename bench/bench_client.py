@@ -84,7 +84,10 @@ async def _run(quick: bool) -> list[Table]:
                 finally:
                     answer.release()
 
-            clients = {"aiohttp ClientSession": with_aiohttp, "interlock http1": with_ours}
+            clients: dict[str, Send] = {
+                "aiohttp ClientSession": with_aiohttp,
+                "interlock http1": with_ours,
+            }
             for _ in range(rounds):
                 for name, send in clients.items():
                     done, cpu, opened = await _measure(send, concurrency, seconds, base)

@@ -211,9 +211,9 @@ def _table(
                 )
             mine = cells[(kind, "interlock", n)].cpu_ms
             if mine is not None and bare_ms:
-                ratio = mine / bare_ms
-                verdict = "meets" if ratio <= _GOALS[kind] else "misses"
-                verdicts.append(f"{kind}@{n}: {ratio:.2f}× ({verdict} ≤{_GOALS[kind]}×)")
+                times = mine / bare_ms
+                verdict = "meets" if times <= _GOALS[kind] else "misses"
+                verdicts.append(f"{kind}@{n}: {times:.2f}× ({verdict} ≤{_GOALS[kind]}×)")
         verdicts.extend(_growth(cells, kind, concurrency))
     note = (
         f"Each cell: {seconds:g} s after a 0.2 s warm-up, best of {rounds} interleaved round(s). "

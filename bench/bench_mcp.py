@@ -467,7 +467,8 @@ def _serve_transport_only(cli_args: list[str]) -> int:
     async def pass_through(ctx: Any, request: Any, send_upstream: Any, notify: Any) -> Any:
         return await send_upstream(request, _CALL_TIMEOUT_S)
 
-    proxy.mcp.transport.handoff.handle_tools_call = pass_through
+    # the name run_tools_call calls, replaced in its module (not one the module exports)
+    proxy.mcp.transport.handoff.handle_tools_call = pass_through  # type: ignore[attr-defined]
     return main(cli_args)
 
 

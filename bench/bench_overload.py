@@ -167,7 +167,7 @@ async def _round(url: str, proc: psutil.Process, quick: bool) -> Round:
     return Round(calibration, calibrate_s, overload, wall, cpu, lag.p99_s, load, waits)
 
 
-async def _measure(quick: bool) -> tuple[list[Variant], set[str], int, tuple[float, ...]]:
+async def _measure(quick: bool) -> tuple[list[Variant], set[str], int, tuple[float, float, float]]:
     """Both proxies side by side (idle while the other is driven), rounds interleaved."""
     variants = [Variant("interlock", True), Variant("refusals unrecorded (diagnostic)", False)]
     load_before = os.getloadavg()
@@ -264,7 +264,10 @@ def _summary_rows(v: Variant, executed: set[str]) -> list[tuple[str, str, str, s
 
 
 def _tables(
-    variants: list[Variant], executed: set[str], max_running: int, load_before: tuple[float, ...]
+    variants: list[Variant],
+    executed: set[str],
+    max_running: int,
+    load_before: tuple[float, float, float],
 ) -> list[Table]:
     main, diagnostic = variants
     summary = Table(

@@ -322,13 +322,13 @@ class _Handlers:
                 await gate.wait()  # until the test opens it (or the server shuts down)
         if b.kind == "die":
             return self._drop(request)
-        answer = {
+        record = {
             "id": f"act_{self.p.total}",
             "executed": self.p.executions[key],
             "echo": json.loads(received.body or b"null"),
         }
-        self.p.answers[key] = json.dumps(answer).encode()  # what json_response sends
-        return web.json_response(answer, status=201, headers={"X-Fake-Action": "done"})
+        self.p.answers[key] = json.dumps(record).encode()  # what json_response sends
+        return web.json_response(record, status=201, headers={"X-Fake-Action": "done"})
 
     async def exports(self, request: web.Request) -> web.StreamResponse:
         """A side effect with a large answer: `?bytes=N` streamed in 64 KB chunks of a pattern

@@ -251,7 +251,9 @@ def build_server(state: _State | None = None, name: str = "interlock-test-upstre
             )
             return InputRequiredResult(input_requests={"confirm": ask}, request_state="confirm-1")
         answer = responses.get("confirm")
-        action = getattr(answer, "action", None) or (answer or {}).get("action")
+        action = getattr(answer, "action", None) or (
+            answer.get("action") if isinstance(answer, dict) else None
+        )
         st.calls["confirm_send_done"] += 1
         return f"confirmed send to {to} ({action})"
 
