@@ -6,10 +6,11 @@ Both backends have transactional DDL, so a migration that dies half-way leaves n
 
 Alembic is imported only when a migration actually runs: opening a current database (every
 proxy start, every `interlock ledger` command) compares its revision with `HEAD_REVISION`, and a
-test keeps that constant equal to the newest script. `interlock serve` goes further: a database
-that is behind is migrated by a child process (`migrate_out_of_process`, this module run as a
-program), so Alembic (about 12 MB, resident for the process's life once imported) never enters
-the proxy's memory; when the child cannot do it, the proxy migrates in-process as before.
+test keeps that constant equal to the newest script. `interlock serve` goes further
+(`LedgerStore.open(..., migrate_in_child=True)`): a database that is behind is migrated by a
+child process (`upgrade_in_child`, this module run as a program), so Alembic (about 12 MB,
+resident for the process's life once imported) never enters the proxy's memory; when the child
+cannot do it, the open migrates in-process as before.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ __all__ = [
     "current_revision",
     "head_revision",
     "migrate_ledger",
-    "migrate_out_of_process",
     "upgrade",
+    "upgrade_in_child",
 ]
 
 log = logging.getLogger("interlock.ledger")
@@ -147,22 +148,19 @@ async def migrate_ledger(settings: LedgerSettings) -> tuple[str | None, str]:
         await engines.dispose()
 
 
-async def migrate_out_of_process(settings: LedgerSettings) -> bool:
-    """Migrate the ledger at `settings.url` to head in a child process when it is behind.
+async def upgrade_in_child(engines: Engines, settings: LedgerSettings) -> bool:
+    """Migrate the database of `engines` to head in a child process when it is behind.
 
     True when the schema is current afterwards (it already was, or the child migrated it); False
-    when this could not be read or the child failed (logged): the caller then migrates
-    in-process as it would have, and reports what fails there. The settings go to the child on
-    its stdin, never on its command line (a PostgreSQL URL may hold a password).
+    when the child failed or could not start (logged): the caller's own `upgrade` then migrates
+    in-process. The settings go to the child on its stdin, never on its command line (a
+    PostgreSQL URL may hold a password).
+
+    Raises:
+        LedgerUnavailable: the database cannot be read (no child is started).
     """
-    engines = open_engines(settings)
-    try:
-        if await current_revision(engines) == HEAD_REVISION:
-            return True
-    except LedgerUnavailable:
-        return False
-    finally:
-        await engines.dispose()
+    if await current_revision(engines) == HEAD_REVISION:
+        return True
     try:
         child = await asyncio.create_subprocess_exec(
             sys.executable,

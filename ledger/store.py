@@ -22,7 +22,7 @@ from ledger.db import Engines, open_engines, sqlite_file
 from ledger.deferred import DeferredWork
 from ledger.errors import LedgerError, LedgerUnavailable
 from ledger.finishing import BackgroundFinishes
-from ledger.migrate import HEAD_REVISION, current_revision, upgrade
+from ledger.migrate import HEAD_REVISION, current_revision, upgrade, upgrade_in_child
 from ledger.operations import (
     DEFAULT_MAX_ATTEMPTS,
     Claim,
@@ -78,9 +78,14 @@ class LedgerStore(LedgerReads):
         *,
         owner: str,
         migrate: bool = True,
+        migrate_in_child: bool = False,
         clock: Callable[[], datetime] | None = None,
     ) -> LedgerStore:
         """Connect, migrate the schema to head (or with `migrate=False` check it is there).
+
+        `migrate_in_child`: a schema that is behind is migrated by a child process first, so
+        that the migration tool never loads here (a long-lived proxy); if the child fails, the
+        migration runs here as it would have.
 
         With `migrate=False` a SQLite file that does not exist is not created.
 
@@ -103,6 +108,8 @@ class LedgerStore(LedgerReads):
         engines = open_engines(settings)
         try:
             if migrate:
+                if migrate_in_child:
+                    await upgrade_in_child(engines, settings)
                 await upgrade(engines)
             else:
                 await _check_schema(engines)

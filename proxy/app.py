@@ -93,7 +93,9 @@ async def _begin_shutdown(app: web.Application) -> None:
 async def _open_ledger(app: web.Application) -> None:
     handle = app[LEDGER]
     try:
-        handle.store = await LedgerStore.open(app[CONFIG].ledger, owner=app[REPLICA_ID])
+        handle.store = await LedgerStore.open(
+            app[CONFIG].ledger, owner=app[REPLICA_ID], migrate_in_child=handle.migrate_in_child
+        )
         handle.error = None
     except LedgerError as exc:
         handle.error = str(exc)

@@ -35,6 +35,8 @@ class LedgerHandle:
 
     store: LedgerStore | None = None
     error: str | None = "ledger not opened yet"
+    migrate_in_child: bool = False
+    """Open the ledger with `LedgerStore.open(migrate_in_child=True)` (`interlock serve`)."""
 
 
 @dataclass

@@ -100,15 +100,14 @@ def ledger_settings(args: argparse.Namespace) -> LedgerSettings:
 
 
 async def _serve(config: Config) -> None:
-    from ledger.migrate import migrate_out_of_process
     from proxy.app import create_app  # imported here: the ledger command must not need aiohttp app
     from proxy.listener import start_runner
+    from proxy.state import LEDGER
 
-    # A ledger that is behind is migrated by a child process: the migration tool then never
-    # enters this long-lived process's memory (the app's own open finds the schema current; if
-    # the child could not migrate, that open migrates here as before).
-    await migrate_out_of_process(config.ledger)
     app = create_app(config)
+    # A ledger that is behind is migrated by a child process: the migration tool then never
+    # enters this long-lived process's memory (if the child fails, the open migrates here).
+    app[LEDGER].migrate_in_child = True
     # No access log: every call is a span and a metric already, and the log line costs ~10 % CPU.
     runner = await start_runner(
         app,

@@ -1,15 +1,19 @@
-"""A ledger whose schema is behind is migrated by a child process (`migrate_out_of_process`), so
-the process that serves never loads Alembic (about 12 MB it would hold for its whole life). When
-the child cannot do it, the caller is told so and migrates in-process as before. Each test runs
-on SQLite and on PostgreSQL."""
+"""A ledger whose schema is behind is migrated by a child process (`upgrade_in_child`, what
+`LedgerStore.open(migrate_in_child=True)` does for `interlock serve`), so the process that serves
+never loads Alembic (about 12 MB it would hold for its whole life). When the child cannot do it,
+the open migrates in-process as before. Each test runs on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
 import pytest
 
-from ledger import LedgerStore
-from ledger.db import open_engines
-from ledger.migrate import HEAD_REVISION, current_revision, migrate_ledger, migrate_out_of_process
+from ledger import LedgerStore, LedgerUnavailable
+from ledger.db import Engines, open_engines
+from ledger.migrate import HEAD_REVISION, current_revision, migrate_ledger, upgrade_in_child
 from policies.model import LedgerSettings
 from tests import ledger_fixtures
 
@@ -18,19 +22,26 @@ ledger_url = ledger_fixtures.ledger_url
 ledger_settings = ledger_fixtures.ledger_settings
 
 
-async def _revision(settings: LedgerSettings) -> str | None:
+@contextlib.asynccontextmanager
+async def _engines(settings: LedgerSettings) -> AsyncIterator[Engines]:
     engines = open_engines(settings)
     try:
-        return await current_revision(engines)
+        yield engines
     finally:
         await engines.dispose()
+
+
+async def _revision(settings: LedgerSettings) -> str | None:
+    async with _engines(settings) as engines:
+        return await current_revision(engines)
 
 
 async def test_a_new_ledger_is_migrated_by_a_child_process(
     ledger_settings: LedgerSettings,
 ) -> None:
     assert await _revision(ledger_settings) is None
-    assert await migrate_out_of_process(ledger_settings) is True
+    async with _engines(ledger_settings) as engines:
+        assert await upgrade_in_child(engines, ledger_settings) is True
     assert await _revision(ledger_settings) == HEAD_REVISION
     store = await LedgerStore.open(ledger_settings, owner="r", migrate=False)  # usable as is
     await store.close()
@@ -41,33 +52,55 @@ async def test_a_current_ledger_needs_no_child(
 ) -> None:
     await migrate_ledger(ledger_settings)
     monkeypatch.setattr("ledger.migrate.sys.executable", "/bin/false")  # a child would fail
-    assert await migrate_out_of_process(ledger_settings) is True
+    async with _engines(ledger_settings) as engines:
+        assert await upgrade_in_child(engines, ledger_settings) is True
 
 
-async def test_a_child_that_fails_leaves_the_migration_to_the_caller(
+async def test_a_child_that_fails_leaves_the_migration_to_the_open(
     ledger_settings: LedgerSettings,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr("ledger.migrate.sys.executable", "/bin/false")
-    assert await migrate_out_of_process(ledger_settings) is False
+    async with _engines(ledger_settings) as engines:
+        assert await upgrade_in_child(engines, ledger_settings) is False
     assert "migrating in this process" in caplog.text
     assert await _revision(ledger_settings) is None
-    store = await LedgerStore.open(ledger_settings, owner="r")  # as before: in-process
-    await store.close()
+    store = await LedgerStore.open(ledger_settings, owner="r", migrate_in_child=True)
+    await store.close()  # the open migrated in-process, as it would have
     assert await _revision(ledger_settings) == HEAD_REVISION
 
 
 @ledger_fixtures.only_sqlite
-async def test_a_child_that_cannot_start_leaves_the_migration_to_the_caller(
+async def test_a_child_that_cannot_start_leaves_the_migration_to_the_open(
     ledger_settings: LedgerSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("ledger.migrate.sys.executable", "/nonexistent/python")
-    assert await migrate_out_of_process(ledger_settings) is False
+    async with _engines(ledger_settings) as engines:
+        assert await upgrade_in_child(engines, ledger_settings) is False
     assert await _revision(ledger_settings) is None
 
 
-async def test_an_unreachable_ledger_is_left_to_the_caller() -> None:
-    """The caller's own open reports it (or waits for it) as before; no child is started."""
-    settings = LedgerSettings(url="postgresql://postgres@127.0.0.1:9/none")
-    assert await migrate_out_of_process(settings) is False
+async def test_an_unreachable_ledger_fails_the_open_once_without_a_child(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The open reports it (the proxy then retries it later, failing closed meanwhile); the
+    database was tried once, not once for the child's check and again for the open."""
+    monkeypatch.setattr("ledger.migrate.sys.executable", "/bin/false")  # no child either
+    attempts = 0
+
+    async def hang_up(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal attempts
+        attempts += 1
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        settings = LedgerSettings(url=f"postgresql://postgres@127.0.0.1:{port}/none")
+        with pytest.raises(LedgerUnavailable):
+            await LedgerStore.open(settings, owner="r", migrate_in_child=True)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert attempts == 1
