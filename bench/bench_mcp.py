@@ -49,6 +49,7 @@ from bench.common import (
     main_thread_cpu_s,
     serve_argv,
 )
+from bench.histograms import scrape
 from bench.mcp_upstream import counted_upstream
 
 __all__ = ["Result", "bare_proxy", "drive", "interlock_proxy", "list_tools", "run"]
@@ -278,9 +279,8 @@ _COMMITS = re.compile(
 async def _ledger_commits(mcp_url: str) -> tuple[float, float] | None:
     """Interlock's (ledger commits, operations they carried) so far, scraped from its /metrics
     (outside the measured window: the scrape's CPU is not a call's)."""
-    metrics_url = mcp_url.rsplit("/mcp/", 1)[0] + "/metrics"
-    async with ClientSession() as session, session.get(metrics_url) as response:
-        return parse_commits(await response.text()) if response.status == 200 else None
+    text = await scrape(mcp_url)
+    return None if text is None else parse_commits(text)
 
 
 def parse_commits(text: str) -> tuple[float, float] | None:

@@ -148,14 +148,15 @@ async def _round(url: str, proc: psutil.Process, quick: bool) -> Round:
     overload_s = 8.0 if quick else 10.0
     calibration = await closed_loop(url, _MAX_RUNNING, calibrate_s)
     rate = _OVERLOAD * calibration.completions / calibrate_s
-    metrics_url = url.replace("/mcp/up", "/metrics")
-    before = await scrape(metrics_url)
+    before = await scrape(url)
     cpu_before = cpu_s(proc)
     lag = LoopLag()
     overload, wall = await paced(url, rate, overload_s)
     lag.stop()
     cpu = cpu_s(proc) - cpu_before
-    after = await scrape(metrics_url)
+    after = await scrape(url)
+    if before is None or after is None:
+        raise RuntimeError(f"Interlock's /metrics did not answer for {url}")
     waits = {}
     for work_class in _CLASSES:
         labels = {"upstream": "up", "class": work_class}

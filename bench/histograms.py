@@ -38,10 +38,12 @@ class Quantile:
         )
 
 
-async def scrape(url: str) -> str:
-    async with ClientSession() as session, session.get(url) as answer:
-        answer.raise_for_status()
-        return await answer.text()
+async def scrape(mcp_url: str) -> str | None:
+    """The Prometheus text of the Interlock serving the MCP endpoint `mcp_url` (its `/mcp/NAME`
+    route), or None when /metrics does not answer 200."""
+    metrics_url = mcp_url.rsplit("/mcp/", 1)[0] + "/metrics"
+    async with ClientSession() as session, session.get(metrics_url) as answer:
+        return await answer.text() if answer.status == 200 else None
 
 
 def cumulative_buckets(text: str, family: str, **labels: str) -> Buckets:
