@@ -17,7 +17,8 @@ Prometheus names (dots become underscores; counters get `_total`, seconds get `_
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from opentelemetry import metrics
 from opentelemetry.metrics import Meter, MeterProvider
@@ -235,18 +236,30 @@ def _upstream(name: str) -> str:
     return labels.bounded("upstream", name)
 
 
+K = TypeVar("K")
 _ATTRS_CACHE_MAX = 1024  # upstream names come from the configuration: far fewer in practice
 
 
-def _upstream_attrs(name: str) -> Mapping[str, str]:
-    """`{"upstream": <bounded name>}`, one shared (never mutated) mapping per upstream."""
-    cache = _instruments.upstream_attrs
-    attrs = cache.get(name)
+def _shared(
+    cache: dict[K, Mapping[str, str]], key: K, build: Callable[..., Mapping[str, str]], *args: Any
+) -> Mapping[str, str]:
+    """The attribute mapping `build(*args)` made once per `key` and shared (never mutated); past
+    `_ATTRS_CACHE_MAX` keys a mapping is built per call (the labels themselves stay bounded)."""
+    attrs = cache.get(key)
     if attrs is None:
-        attrs = {"upstream": _upstream(name)}
+        attrs = build(*args)
         if len(cache) < _ATTRS_CACHE_MAX:
-            cache[name] = attrs
+            cache[key] = attrs
     return attrs
+
+
+def _upstream_attrs(name: str) -> Mapping[str, str]:
+    """`{"upstream": <bounded name>}`, one shared mapping per upstream."""
+    return _shared(_instruments.upstream_attrs, name, _build_upstream_attrs, name)
+
+
+def _build_upstream_attrs(name: str) -> Mapping[str, str]:
+    return {"upstream": _upstream(name)}
 
 
 def _refusal_attrs(reason: str, scope: str, upstream: str) -> dict[str, str]:
@@ -308,13 +321,13 @@ def first_byte(upstream: str, seconds: float) -> None:
 def queue_wait(upstream: str, work_class: str, seconds: float) -> None:
     """How long an admitted call waited in the queue, per upstream and work class (a priority
     band: one of four names, so the label stays bounded)."""
-    cache = _instruments.class_attrs
-    attrs = cache.get((upstream, work_class))
-    if attrs is None:
-        attrs = {"upstream": _upstream(upstream), "class": labels.bounded("class", work_class)}
-        if len(cache) < _ATTRS_CACHE_MAX:
-            cache[(upstream, work_class)] = attrs
+    key = (upstream, work_class)
+    attrs = _shared(_instruments.class_attrs, key, _class_attrs, upstream, work_class)
     _instruments.queue_wait.record(seconds, attrs)
+
+
+def _class_attrs(upstream: str, work_class: str) -> Mapping[str, str]:
+    return {"upstream": _upstream(upstream), "class": labels.bounded("class", work_class)}
 
 
 def token_usage(upstream: str, model: str | None, input_tokens: int, output_tokens: int) -> None:
@@ -337,12 +350,7 @@ def operation_duration(
 ) -> None:
     """`mcp.server.operation.duration` of one proxied MCP request (MCP conventions' attributes)."""
     key = (method, upstream, error_type, tool, transport)
-    cache = _instruments.duration_attrs
-    attrs = cache.get(key)
-    if attrs is None:
-        attrs = _duration_attrs(method, upstream, error_type, tool, transport)
-        if len(cache) < _ATTRS_CACHE_MAX:
-            cache[key] = attrs
+    attrs = _shared(_instruments.duration_attrs, key, _duration_attrs, *key)
     _instruments.duration.record(seconds, attrs)
 
 
