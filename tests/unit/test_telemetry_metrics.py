@@ -204,3 +204,19 @@ def test_a_new_handle_starts_its_histograms_empty() -> None:
 
 def scrape_text(h: TelemetryHandle) -> str:
     return generate_latest(h.registry).decode()
+
+
+def test_past_the_cache_limit_values_are_still_recorded_under_their_own_labels(
+    handle: TelemetryHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attribute mappings are shared per key up to a limit; past it each call builds its own
+    mapping, and the value lands in the same series as before (nothing is lost or mislabelled)."""
+    monkeypatch.setattr(metrics, "_ATTRS_CACHE_MAX", 1)
+    metrics.queue_wait("mail", "interactive", 0.001)  # cached: the one allowed key
+    metrics.queue_wait("mail", "background", 0.02)  # past the limit: built for this call
+    metrics.queue_wait("mail", "background", 0.02)
+    samples = scrape(handle)
+    count = "interlock_queue_wait_seconds_count"
+    assert samples[(count, (("class", "interactive"), ("upstream", "mail")))] == 1
+    assert samples[(count, (("class", "background"), ("upstream", "mail")))] == 2
+    assert len(metrics._instruments.class_attrs) == 1
