@@ -395,9 +395,12 @@ async def test_a_client_that_stops_reading_does_not_stall_the_shared_process(
 
 
 async def test_a_side_effect_over_stdio_is_recorded_before_and_after_and_replayed(tmp_path: Path):
-    """A side-effecting call to a stdio process is claimed in the ledger before it is sent and
-    its answer (read to its envelope: the tool's output as the server's text) is recorded; the
-    same key then replays that answer without reaching the process again."""
+    """A side-effecting call to a stdio process is claimed in the ledger and its answer (read to
+    its envelope: the tool's output as the server's text) is recorded; the same key then
+    replays that answer without reaching the process again. That the claim commits before the
+    call is sent is the shared pipeline's order, held for every transport by
+    `test_mcp_pipeline.py::test_duplicate_delivery_serially_executes_once` under the
+    "forward before the claim commits" mutant (`make mutants`)."""
     upstreams = {"st": stdio_upstream("st", timeout_s=10)}
     async with running_proxy(upstreams, tmp_path, read_only=False) as proxy:
         store = proxy.app[LEDGER].store
