@@ -22,6 +22,7 @@ from ledger.db import Engines, open_engines, sqlite_file
 from ledger.deferred import DeferredWork
 from ledger.errors import LedgerError, LedgerUnavailable
 from ledger.finishing import BackgroundFinishes
+from ledger.in_flight import CallsInFlight
 from ledger.migrate import HEAD_REVISION, current_revision, upgrade, upgrade_in_child
 from ledger.operations import (
     DEFAULT_MAX_ATTEMPTS,
@@ -65,7 +66,15 @@ class LedgerStore(LedgerReads):
         self._settings = settings
         self._owner = owner
         max_batch = _GROUP_COMMIT_MAX_BATCH if settings.group_commit else 1
-        self._writer = GroupCommitWriter(engines, self._context, max_batch=max_batch, clock=clock)
+        self._in_flight = CallsInFlight(settings.lease_s) if settings.commit_delay_ms else None
+        self._writer = GroupCommitWriter(
+            engines,
+            self._context,
+            max_batch=max_batch,
+            clock=clock,
+            commit_delay_s=settings.commit_delay_ms / 1000,
+            in_flight=self._in_flight.count if self._in_flight is not None else lambda: 0,
+        )
         self._finishing = BackgroundFinishes()
         self._closed = False
         self.deferred = DeferredWork(self._writer.submit, self._reading)
@@ -159,7 +168,10 @@ class LedgerStore(LedgerReads):
         Raises:
             LedgerUnavailable: nothing was decided; the call must not be forwarded.
         """
-        return await self._writer.submit(Claim(req))
+        result = await self._writer.submit(Claim(req))
+        if self._in_flight is not None and result.kind == "new":
+            self._in_flight.started(result.entry.id)
+        return result
 
     async def finish(
         self,
@@ -182,6 +194,7 @@ class LedgerStore(LedgerReads):
         """
         if state not in ("succeeded", "failed"):
             raise ValueError(f"finish state must be succeeded or failed, not {state!r}")
+        self._ended(entry_id)
         return await self._writer.submit(Finish(entry_id, token, state, outcome, error))
 
     def finish_in_background(
@@ -213,6 +226,7 @@ class LedgerStore(LedgerReads):
             entry, _ = await self.get(entry_id)
             return entry if (entry.state, entry.fencing_token) == (state, token) else None
 
+        self._ended(entry_id)
         first = self._writer.enqueue(op)
         return self._finishing.start_after(first, attempt, landed, entry_id=entry_id, until=until)
 
@@ -222,6 +236,7 @@ class LedgerStore(LedgerReads):
         Raises:
             StaleToken, IllegalTransition, EntryNotFound, LedgerUnavailable: as for `finish`.
         """
+        self._ended(entry_id)
         return await self._writer.submit(MarkUnknown(entry_id, token, reason))
 
     async def release_unsent(
@@ -234,6 +249,7 @@ class LedgerStore(LedgerReads):
         Raises:
             StaleToken, IllegalTransition, EntryNotFound, LedgerUnavailable: as for `finish`.
         """
+        self._ended(entry_id)
         return await self._writer.submit(ReleaseUnsent(entry_id, token, reason, retry_after_s))
 
     async def renew(self, entry_id: str, token: int) -> bool:
@@ -326,6 +342,11 @@ class LedgerStore(LedgerReads):
     def writer_restarts(self) -> int:
         """How many times the group-commit writer died and was started again."""
         return self._writer.restarts
+
+    def _ended(self, entry_id: str) -> None:
+        """The call of `entry_id` reports its end: the commit delay no longer waits for it."""
+        if self._in_flight is not None:
+            self._in_flight.ended(entry_id)
 
     def _context(self, now: datetime) -> OpContext:
         return OpContext(

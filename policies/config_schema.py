@@ -63,6 +63,7 @@ class LedgerIn(_Strict):
     max_outcome_bytes: PositiveInt = 65536
     max_argument_bytes: PositiveInt = 8192
     group_commit: bool = True
+    commit_delay_ms: Annotated[float, Field(ge=0, le=1000)] = 0.0
     sweep_interval_s: PositiveFloat = 5.0
 
 

@@ -76,6 +76,10 @@ class LedgerSettings:
     max_outcome_bytes: int = 65536
     max_argument_bytes: int = 8192
     group_commit: bool = True
+    commit_delay_ms: float = 0.0
+    """How long a write may wait for the writes of the other side-effecting calls in flight, so
+    that they share one durable commit (0: never). A write waits only while another call is in
+    flight, and no longer than until every call in flight has queued its write."""
     sweep_interval_s: float = 5.0
 
 
