@@ -291,6 +291,13 @@ def _build(
         _interpolate(key, ("tenants", "api_keys", key), reporter, environ): tenant
         for key, tenant in cfg.tenants.api_keys.items()
     }
+    if cfg.ledger.commit_delay_ms > cfg.ledger.lease_s * 100:
+        raise reporter.error(
+            ("ledger", "commit_delay_ms"),
+            cfg.ledger.commit_delay_ms,
+            f"must be at most a tenth of ledger.lease_s ({cfg.ledger.lease_s:g} s): lease "
+            "renewals are writes too, and one held that long could let its lease lapse",
+        )
     ledger = cfg.ledger.model_dump()
     ledger["url"] = _ledger_url(cfg.ledger.url, base_dir)
     return Config(

@@ -127,6 +127,15 @@ def test_a_commit_delay_out_of_range_is_refused_by_name(value: str) -> None:
         parse_config_text(f"{_UPSTREAMS}ledger: {{commit_delay_ms: {value}}}\n")
 
 
+def test_a_commit_delay_that_could_outlast_a_lease_renewal_is_refused() -> None:
+    """A renewal is a write too: one held for a third of the lease could let the lease lapse."""
+    text = f"{_UPSTREAMS}ledger: {{lease_s: 1, commit_delay_ms: 200}}\n"
+    with pytest.raises(ConfigError, match=r"commit_delay_ms.*a tenth of ledger.lease_s"):
+        parse_config_text(text)
+    fits = parse_config_text(f"{_UPSTREAMS}ledger: {{lease_s: 1, commit_delay_ms: 100}}\n")
+    assert fits.ledger.commit_delay_ms == 100
+
+
 def test_the_commit_delay_is_off_unless_configured() -> None:
     assert parse_config_text(_UPSTREAMS).ledger.commit_delay_ms == 0.0
     configured = parse_config_text(f"{_UPSTREAMS}ledger: {{commit_delay_ms: 5}}\n")
