@@ -34,8 +34,11 @@ class CallsInFlight:
         since = self._since
         if since:
             horizon = self._clock() - self._lease_s
-            for entry_id, started in list(since.items()):
+            stale = []
+            for entry_id, started in since.items():  # oldest first: stop at the first fresh one
                 if started >= horizon:
                     break
+                stale.append(entry_id)
+            for entry_id in stale:
                 del since[entry_id]
         return len(since)
