@@ -31,7 +31,7 @@ def fresh(upstream: RunningUpstream) -> RunningUpstream:
 
 def _config(upstream: RunningUpstream, delay_ms: float) -> str:
     return f"""
-        ledger: {{url: "sqlite:///ledger.db", lease_s: 5, commit_delay_ms: {delay_ms}}}
+        ledger: {{url: "sqlite:///ledger.db", lease_s: 10, commit_delay_ms: {delay_ms}}}
         defaults: {{timeout_s: 5, deadline_s: 10}}
         upstreams:
           up: {{mcp: "{upstream.url}"}}
