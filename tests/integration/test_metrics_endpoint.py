@@ -21,6 +21,7 @@ from proxy.runtime.scheduler import Scheduler
 from proxy.state import CONFIG, LEDGER, SCHEDULER, LedgerHandle
 from proxy.telemetry import metrics
 from proxy.telemetry.metrics_route import METRICS, setup_metrics
+from tests.clocks import ManualClock
 from tests.integration.proxy_harness import running_proxy
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -33,16 +34,6 @@ CONFIG_TEXT = """
       mail: {mcp: "http://127.0.0.1:9/mcp"}
       files: {mcp: "http://127.0.0.1:9/mcp"}
 """
-
-
-class Clock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def load(folder: Path) -> Config:
@@ -139,7 +130,7 @@ async def test_ledger_counts_are_cached_between_refreshes(tmp_path: Path) -> Non
     """Scrapes within `ledger_refresh_s` reuse the last read; the next one after it re-reads."""
     config = load(tmp_path)
     store = await open_store(config)
-    clock = Clock()
+    clock = ManualClock()
     try:
         async with metrics_app(config, store) as (app, url):
             app[METRICS].ledger_refresh_s = 5.0
@@ -165,7 +156,7 @@ async def test_unreachable_ledger_reports_down_not_zero(tmp_path: Path) -> None:
 async def test_scheduler_gauges_show_running_queue_and_cooldown(tmp_path: Path) -> None:
     """Running, queue depth, oldest wait (per scope) and cooldowns come from the scheduler."""
     config = load(tmp_path)
-    clock = Clock()
+    clock = ManualClock()
     scheduler = Scheduler(config, clock=clock)
     queued = asyncio.Event()
 

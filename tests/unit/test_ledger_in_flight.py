@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 from ledger.in_flight import CallsInFlight
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clocks import ManualClock
 
 
 def test_a_call_counts_from_its_claim_until_it_reports_its_end() -> None:
-    calls = CallsInFlight(lease_s=30, clock=_Clock())
+    calls = CallsInFlight(lease_s=30, clock=ManualClock(100.0))
     calls.started("a")
     calls.started("b")
     assert calls.count() == 2
@@ -24,7 +17,7 @@ def test_a_call_counts_from_its_claim_until_it_reports_its_end() -> None:
 
 
 def test_a_call_that_never_reports_stops_counting_once_its_lease_would_have_lapsed() -> None:
-    clock = _Clock()
+    clock = ManualClock(100.0)
     calls = CallsInFlight(lease_s=30, clock=clock)
     calls.started("silent")
     clock.now += 20
@@ -36,7 +29,7 @@ def test_a_call_that_never_reports_stops_counting_once_its_lease_would_have_laps
 
 
 def test_a_next_attempt_of_the_same_entry_counts_from_its_own_claim() -> None:
-    clock = _Clock()
+    clock = ManualClock(100.0)
     calls = CallsInFlight(lease_s=30, clock=clock)
     calls.started("retried")
     calls.started("other")

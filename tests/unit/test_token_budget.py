@@ -7,18 +7,11 @@ from hypothesis import strategies as st
 
 from policies.model import BudgetSettings
 from policies.token_budget import TokenBudget
+from tests.clocks import ManualClock
 
 
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make(tokens: int | None, window_s: float = 60.0) -> tuple[TokenBudget, FakeClock]:
-    clock = FakeClock()
+def make(tokens: int | None, window_s: float = 60.0) -> tuple[TokenBudget, ManualClock]:
+    clock = ManualClock()
     return TokenBudget(BudgetSettings(tokens=tokens, window_s=window_s), clock=clock), clock
 
 
