@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from ledger import LedgerStore
+from ledger import LedgerStore, LedgerUnavailable
 from policies.config import ConfigError, parse_config_text
 from policies.model import LedgerSettings
 from tests import ledger_fixtures
@@ -119,6 +119,28 @@ async def test_closing_the_store_ends_a_wait(ledger_settings: LedgerSettings) ->
     assert not held.done()
     await asyncio.wait_for(store.close(), _BOUND_S)
     assert (await held).kind == "new"  # committed by the close, not dropped
+
+
+async def test_a_write_held_by_a_writer_that_dies_fails_instead_of_waiting_forever(
+    ledger_settings: LedgerSettings,
+) -> None:
+    """The held write is out of the queue while it waits: if the writer task dies then, its
+    caller hears `LedgerUnavailable` (as the queued ones do), and the next write goes through."""
+    store = await _open(ledger_settings, _LONG_MS)
+    try:
+        first = (await store.claim(claim_request("keeps-it-waiting"))).entry
+        held = asyncio.create_task(store.claim(claim_request("held-when-it-dies")))
+        await asyncio.sleep(0.2)
+        assert not held.done()
+        store._writer._task.cancel()  # the writer dying while it waits
+        with pytest.raises(LedgerUnavailable):
+            await asyncio.wait_for(held, _BOUND_S)
+        finish = store.finish(first.id, first.fencing_token, state="succeeded", outcome=b"ok")
+        assert (await asyncio.wait_for(finish, _BOUND_S)).state == "succeeded"
+        after = await asyncio.wait_for(store.claim(claim_request("after-it-died")), _BOUND_S)
+        assert after.kind == "new"
+    finally:
+        await store.close()
 
 
 @pytest.mark.parametrize("value", ["-1", "1001", '"soon"'])
