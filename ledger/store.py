@@ -117,9 +117,10 @@ class LedgerStore(LedgerReads):
         engines = open_engines(settings)
         try:
             if migrate:
-                if migrate_in_child:
-                    await upgrade_in_child(engines, settings)
-                await upgrade(engines)
+                # The child's check (or its migration) leaves the schema current; only when it
+                # could not do that does the open migrate here.
+                if not (migrate_in_child and await upgrade_in_child(engines, settings)):
+                    await upgrade(engines)
             else:
                 await _check_schema(engines)
         except BaseException:

@@ -104,3 +104,20 @@ async def test_an_unreachable_ledger_fails_the_open_once_without_a_child(
         server.close()
         await server.wait_closed()
     assert attempts == 1
+
+
+@ledger_fixtures.only_sqlite
+async def test_opening_a_current_ledger_for_serve_takes_no_write_lock(
+    ledger_settings: LedgerSettings,
+) -> None:
+    """The check that found the schema current is the open's only look at it: no second read
+    under the write lock. So `serve` starts while another process holds that lock (a purge, an
+    operator's command) instead of waiting for it, up to the busy timeout on every retry."""
+    await migrate_ledger(ledger_settings)
+    async with ledger_fixtures.sqlite_write_lock_in_another_process(ledger_settings.url) as release:
+        try:
+            opening = LedgerStore.open(ledger_settings, owner="r", migrate_in_child=True)
+            store = await asyncio.wait_for(opening, 4.0)  # below the 5 s busy timeout
+            await store.close()
+        finally:
+            release()
