@@ -1,7 +1,8 @@
 """`ledger.commit_delay_ms` through the whole proxy: real SDK Client → proxy → real MCPServer.
 
 A side-effecting call that arrives while another is at its upstream has its claim wait for that
-call's outcome, and both are written by one commit: the ledger stamps every write of a commit with
+call's outcome (and is not forwarded meanwhile: write-ahead holds), and both are written by one
+commit: the ledger stamps every write of a commit with
 the commit's one time, so the held call's `finished_at` equals the newcomer's `created_at`.
 Without the delay the newcomer's claim commits at once, while the other call is still held.
 """
@@ -47,12 +48,17 @@ async def test_a_call_arriving_while_another_is_held_shares_the_commit_of_its_ou
     async with running_proxy(_config(fresh, delay_ms), tmp_path) as proxy:
         url = proxy.mcp_url("up")
         held = asyncio.create_task(
-            call(url, "hold", {"seconds": 0.5, "tag": "held"}, key="commit-held")
+            call(url, "hold", {"seconds": 0.6, "tag": "held"}, key="commit-held")
         )
         await wait_until(lambda: "held" in fresh.stats()["started"])
-        newcomer = await call(
-            url, "send_email", {"to": "c@example.com", "subject": "shared commit"}, key="commit-new"
+        newcomer_call = asyncio.create_task(
+            call(url, "send_email", {"to": "c@example.com", "subject": "shared"}, key="commit-new")
         )
+        if shared:  # its claim is held, not yet committed: the upstream must not have it yet
+            await asyncio.sleep(0.25)
+            assert "held" not in fresh.stats()["finished"]
+            assert fresh.stats()["emails_by_key"] == {}, "forwarded before its claim committed"
+        newcomer = await newcomer_call
         await held
         store = proxy.app[LEDGER].store
         assert store is not None
