@@ -11,7 +11,7 @@ $(BIN)/python:
 
 $(STAMP): requirements.lock pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q "uv==0.13.8"
-	$(BIN)/uv pip sync -q --python $(BIN)/python requirements.lock
+	$(BIN)/uv pip sync -q --compile-bytecode --python $(BIN)/python requirements.lock
 	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
 	touch $(STAMP)
 
