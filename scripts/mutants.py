@@ -333,6 +333,24 @@ MUTANTS = (
         ),
         why="a side-effecting call whose tool failed (isError) would be recorded succeeded",
     ),
+    Mutant(
+        name="a write held by the commit delay is dropped when the writer dies",
+        path="ledger/writer.py",
+        module="ledger.writer",
+        edits=(
+            (
+                "                if item is not None:\n"
+                "                    _fail([item], "
+                'LedgerUnavailable("the ledger writer was cancelled"))\n',
+                "",
+            ),
+        ),
+        tests=(
+            "tests/integration/test_ledger_commit_delay.py::"
+            "test_a_write_held_by_a_writer_that_dies_fails_instead_of_waiting_forever",
+        ),
+        why="a side-effecting call waits for its claim forever: never forwarded, never answered",
+    ),
 )
 
 
