@@ -3,7 +3,11 @@
 A batch's hot statements (begin, the clock, reading the rows its operations name, writing the
 result) are fixed strings, prepared once by `sqlite3`'s own statement cache and bound with plain
 tuples: no SQLAlchemy compile or parameter processing per batch. Values are converted as
-`ledger.tables` stores them: times as UTC text "YYYY-MM-DD HH:MM:SS.ffffff", booleans as 0/1.
+`ledger.tables` stores them: times as UTC text "YYYY-MM-DD HH:MM:SS.ffffff", booleans as 0/1,
+states as their text. Only plain `str`, `int` and `float` values bind at the driver's C speed
+(anything else, `None` included, goes through its adapter lookup: about half a microsecond each,
+and a new entry has a dozen NULL columns), so a NULL is written as a literal in the statement:
+rows are grouped by which of their values are set, one prepared statement per shape.
 
 Everything here runs on the writer's thread, inside the transaction `begin` opened:
 `BEGIN IMMEDIATE` takes the database's write lock before anything is read, so the rows read
@@ -13,6 +17,7 @@ cannot change under the batch's decisions before COMMIT.
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 import sqlite3
 from collections.abc import Iterable
@@ -29,6 +34,7 @@ _TIME_FIELDS = frozenset(
 )
 _TIME_INDEXES = tuple(i for i, name in enumerate(ROW_FIELDS) if name in _TIME_FIELDS)
 _RETAINED = ROW_FIELDS.index("outcome_retained")
+_STATE = ROW_FIELDS.index("state")
 _TEXT_LENGTH = len("2030-01-01 00:00:00.000000")
 _row_tuple = operator.attrgetter(*ROW_FIELDS)
 _HISTORY_FIELDS = (
@@ -44,14 +50,11 @@ _HISTORY_FIELDS = (
 )
 _history_tuple = operator.itemgetter(*_HISTORY_FIELDS)
 _AT = _HISTORY_FIELDS.index("at")
-_INSERT_ENTRY = (
-    f"INSERT INTO ledger_entries ({_COLUMNS}) VALUES ({', '.join('?' * len(ROW_FIELDS))}) "
-    "ON CONFLICT DO NOTHING"
-)
-_INSERT_HISTORY = (
-    f"INSERT INTO ledger_transitions ({', '.join(_HISTORY_FIELDS)}) "
-    f"VALUES ({', '.join('?' * len(_HISTORY_FIELDS))})"
-)
+_FROM_STATE = _HISTORY_FIELDS.index("from_state")
+_TO_STATE = _HISTORY_FIELDS.index("to_state")
+_NONES = (None,) * (max(len(ROW_FIELDS), len(_HISTORY_FIELDS)) + 1)
+Shape = tuple[bool, ...]
+"""Which of a row's values are set (bound as `?`); the others are NULL literals."""
 _NOW = "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"
 
 
@@ -96,22 +99,30 @@ def flush(conn: sqlite3.Connection, ws: WorkingSet) -> bool:
     of the new keys first: the caller rolls back and runs the batch again, which then sees it.
     """
     text = _TimeTexts()
-    by_columns: dict[tuple[str, ...], list[list[Any]]] = {}
+    by_columns: dict[tuple[tuple[str, ...], Shape], list[list[Any]]] = {}
     for row_id in sorted(ws.dirty):
         changes = ws.changes(row_id)
-        params = [text(v) if k in _TIME_FIELDS else v for k, v in changes.items()]
-        params.append(row_id)
-        by_columns.setdefault(tuple(changes), []).append(params)
-    for columns, params_list in by_columns.items():
-        conn.executemany(_update_by_id(columns), params_list)
+        values = [_column_value(k, v, text) for k, v in changes.items()]
+        values.append(row_id)
+        shape, params = _bound(values)
+        by_columns.setdefault((tuple(changes), shape), []).append(params)
+    for (columns, shape), params_list in by_columns.items():
+        conn.executemany(_update_by_id(columns, shape), params_list)
     # After the updates: a row whose key a new row takes over has given it up by now.
     if ws.new_ids and not _insert_new(conn, ws, text):
         return False
     if ws.history:
-        history = [list(_history_tuple(h)) for h in ws.history]
-        for params in history:
-            params[_AT] = text(params[_AT])
-        conn.executemany(_INSERT_HISTORY, history)
+        by_shape: dict[Shape, list[list[Any]]] = {}
+        for h in ws.history:
+            values = list(_history_tuple(h))
+            values[_AT] = text(values[_AT])
+            values[_TO_STATE] = str(values[_TO_STATE])
+            if values[_FROM_STATE] is not None:
+                values[_FROM_STATE] = str(values[_FROM_STATE])
+            shape, params = _bound(values)
+            by_shape.setdefault(shape, []).append(params)
+        for shape, params_list in by_shape.items():
+            conn.executemany(_insert_history(shape), params_list)
     if ws.deleted:
         # Their history goes with them (ON DELETE CASCADE).
         ids = sorted(ws.deleted)
@@ -121,12 +132,54 @@ def flush(conn: sqlite3.Connection, ws: WorkingSet) -> bool:
 
 def _insert_new(conn: sqlite3.Connection, ws: WorkingSet, text: _TimeTexts) -> bool:
     new_rows = ws.new_rows()
-    rows = [list(_row_tuple(r)) for r in new_rows]
-    for params in rows:
+    by_shape: dict[Shape, list[list[Any]]] = {}
+    for row in new_rows:
+        values = list(_row_tuple(row))
         for i in _TIME_INDEXES:
-            params[i] = text(params[i])
-    inserted = conn.executemany(_INSERT_ENTRY, rows).rowcount
+            values[i] = text(values[i])
+        values[_STATE] = str(values[_STATE])
+        values[_RETAINED] = int(values[_RETAINED])
+        shape, params = _bound(values)
+        by_shape.setdefault(shape, []).append(params)
+    inserted = 0
+    for shape, params_list in by_shape.items():
+        inserted += conn.executemany(_insert_entry(shape), params_list).rowcount
     return inserted == len(new_rows)
+
+
+def _bound(values: list[Any]) -> tuple[Shape, list[Any]]:
+    """The row's shape and the values it binds (those that are not None)."""
+    shape = tuple(map(operator.is_not, values, _NONES))
+    return shape, list(itertools.compress(values, shape))
+
+
+def _column_value(name: str, value: Any, text: _TimeTexts) -> Any:
+    """A changed column's value as it is bound (see the module docstring)."""
+    if value is None:
+        return None
+    if name in _TIME_FIELDS:
+        return text(value)
+    if name == "state":
+        return str(value)
+    if name == "outcome_retained":
+        return int(value)
+    return value
+
+
+def _placeholders(shape: Shape) -> list[str]:
+    return ["?" if bound else "NULL" for bound in shape]
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_entry(shape: Shape) -> str:
+    values = ", ".join(_placeholders(shape))
+    return f"INSERT INTO ledger_entries ({_COLUMNS}) VALUES ({values}) ON CONFLICT DO NOTHING"
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_history(shape: Shape) -> str:
+    columns, values = ", ".join(_HISTORY_FIELDS), ", ".join(_placeholders(shape))
+    return f"INSERT INTO ledger_transitions ({columns}) VALUES ({values})"
 
 
 def _load_rows(conn: sqlite3.Connection, sql: str, params: list[str], ws: WorkingSet) -> None:
@@ -182,8 +235,10 @@ def _select_by_keys(keys: int, tenants: int, upstreams: int) -> str:
     )
 
 
-@functools.lru_cache(maxsize=64)
-def _update_by_id(columns: tuple[str, ...]) -> str:
-    """UPDATE of these columns of one row by id (an executemany statement)."""
-    assignments = ", ".join(f"{name} = ?" for name in columns)
+@functools.lru_cache(maxsize=256)
+def _update_by_id(columns: tuple[str, ...], shape: Shape) -> str:
+    """UPDATE of these columns of one row by id (an executemany statement); `shape` also
+    covers the id, which is always bound."""
+    marks = _placeholders(shape)
+    assignments = ", ".join(f"{name} = {mark}" for name, mark in zip(columns, marks, strict=False))
     return f"UPDATE ledger_entries SET {assignments} WHERE id = ?"

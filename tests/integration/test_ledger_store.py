@@ -436,6 +436,52 @@ async def test_refused_operation_fails_only_its_caller(store: LedgerStore) -> No
     assert (await store.get(running.entry.id))[0].state == EntryState.SUCCEEDED
 
 
+async def test_one_batch_of_differently_filled_entries_keeps_each_ones_values(
+    store: LedgerStore,
+) -> None:
+    """Entries whose optional values differ (set or absent) are written in one commit with their
+    own values, NULLs where absent; so are their finishes and their history rows."""
+    shapes = [
+        {},
+        {"arguments": None},
+        {"run_id": "run-7", "trace_id": "a" * 32},
+        {"arguments": None, "run_id": "run-8", "work_class": "background"},
+    ]
+    batches = store.writer_stats.batches
+    claims = await asyncio.gather(
+        *(store.claim(claim_request(f"shape-{i}", **extra)) for i, extra in enumerate(shapes))
+    )
+    assert store.writer_stats.batches == batches + 1  # one batch held every shape
+    finishes = [
+        store.finish(claims[0].entry.id, 1, state="succeeded", outcome=b"ok"),
+        store.finish(claims[1].entry.id, 1, state="failed", outcome=None, error="boom"),
+        store.finish(claims[2].entry.id, 1, state="succeeded", outcome=None),
+        store.mark_unknown(claims[3].entry.id, 1, reason="lost"),
+    ]
+    await asyncio.gather(*finishes)
+    expected_states = [
+        EntryState.SUCCEEDED,
+        EntryState.FAILED,
+        EntryState.SUCCEEDED,
+        EntryState.UNKNOWN,
+    ]
+    for claimed, extra, state in zip(claims, shapes, expected_states, strict=True):
+        entry, history = await store.get(claimed.entry.id)
+        want = claim_request("x", **extra)
+        got = (entry.arguments, entry.run_id, entry.trace_id, entry.work_class)
+        assert got == (want.arguments, want.run_id, want.trace_id, want.work_class)
+        assert entry.state == state
+        assert entry.lease_expires_at is None
+        assert [(h.from_state, h.to_state) for h in history] == [
+            (None, EntryState.RUNNING),
+            (EntryState.RUNNING, state),
+        ]
+    first, failed, empty = [(await store.get(c.entry.id))[0] for c in claims[:3]]
+    assert (first.outcome, first.error) == (b"ok", None)
+    assert (failed.outcome, failed.error) == (None, "boom")
+    assert (empty.outcome, empty.outcome_hash) == (None, None)
+
+
 async def test_default_store_fixture_roundtrip(ledger_store: LedgerStore) -> None:
     """The shared `ledger_store` fixture opens a migrated, writable store on each backend."""
     result = await ledger_store.claim(claim_request("fixture"))

@@ -41,4 +41,16 @@ def test_the_sqlite_statements_name_every_column() -> None:
     entries = _schema_types("ledger_entries")
     times = {name for name, kind in entries.items() if kind == "timestamptz"}
     assert times == sqlite_sql._TIME_FIELDS
-    assert sqlite_sql._INSERT_ENTRY.count("?") == len(ROW_FIELDS)
+    every = (True,) * len(ROW_FIELDS)
+    assert sqlite_sql._insert_entry(every).count("?") == len(ROW_FIELDS)
+
+
+def test_a_sqlite_statement_writes_unset_values_as_null_literals() -> None:
+    """A value that is None is not bound: its place in the statement is NULL."""
+    shape = tuple(name != "run_id" for name in ROW_FIELDS)
+    insert = sqlite_sql._insert_entry(shape)
+    assert insert.count("?") == len(ROW_FIELDS) - 1
+    values = insert.split("VALUES (")[1].split(")")[0].split(", ")
+    assert values[ROW_FIELDS.index("run_id")] == "NULL"
+    update = sqlite_sql._update_by_id(("state", "lease_expires_at"), (True, False, True))
+    assert update.endswith("SET state = ?, lease_expires_at = NULL WHERE id = ?")
