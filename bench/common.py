@@ -22,12 +22,14 @@ from aiohttp import web
 __all__ = [
     "CONNECTIONS_PATH",
     "ROOT",
+    "RoundRatios",
     "Table",
     "bench_process",
     "connections_seen",
     "count_connections",
     "cpu_s",
     "free_port",
+    "round_ratios",
     "rss_mb",
 ]
 
@@ -40,6 +42,35 @@ class Table:
     columns: list[str]
     rows: list[list[str]] = field(default_factory=list)
     note: str = ""
+
+
+@dataclass(frozen=True)
+class RoundRatios:
+    """One target's ratio to its baseline in each round, as a table cell and a verdict."""
+
+    ratios: list[float]
+    goal: float
+
+    @property
+    def text(self) -> str:
+        if not self.ratios:
+            return "—"
+        low, high = min(self.ratios), max(self.ratios)
+        return f"{low:.2f}×" if len(self.ratios) == 1 else f"{low:.2f}–{high:.2f}×"
+
+    @property
+    def verdict(self) -> str:
+        met = sum(ratio <= self.goal for ratio in self.ratios)
+        return f"≤{self.goal:g}× in {met} of {len(self.ratios)} rounds"
+
+
+def round_ratios(
+    mine: list[float | None], baseline: list[float | None], *, goal: float
+) -> RoundRatios:
+    """`mine[i] / baseline[i]` for each round `i` both were measured in (the machine's load
+    changes between rounds, so a ratio only pairs figures taken side by side)."""
+    ratios = [m / b for m, b in zip(mine, baseline, strict=False) if m is not None and b]
+    return RoundRatios(ratios, goal)
 
 
 _START_TIMEOUT_S = 30.0

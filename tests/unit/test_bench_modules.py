@@ -119,3 +119,15 @@ def test_the_mcp_bench_shows_the_event_loops_share_of_a_call() -> None:
     result = Result(1000, 0, 1.0, 0.6, [], 0, loop_cpu_s=0.45)
     assert result.loop_cell == "450"
     assert Result(1000, 0, 1.0, 0.6, [], 0).loop_cell == "—"
+
+
+def test_a_ratio_goal_is_reported_round_by_round() -> None:
+    """Each round's ratio pairs the two targets measured in that round; a round with either
+    figure missing counts for nothing; the verdict says in how many rounds the goal was met."""
+    from bench.common import round_ratios
+
+    spread = round_ratios([130.0, 150.0, None, 110.0], [100.0, 100.0, 100.0, 100.0], goal=1.3)
+    assert spread.text == "1.10–1.50×"
+    assert spread.verdict == "≤1.3× in 2 of 3 rounds"
+    assert round_ratios([120.0], [100.0], goal=1.3).text == "1.20×"
+    assert round_ratios([None], [100.0], goal=1.3).text == "—"
