@@ -52,7 +52,7 @@ _history_tuple = operator.itemgetter(*_HISTORY_FIELDS)
 _AT = _HISTORY_FIELDS.index("at")
 _FROM_STATE = _HISTORY_FIELDS.index("from_state")
 _TO_STATE = _HISTORY_FIELDS.index("to_state")
-_NONES = (None,) * (max(len(ROW_FIELDS), len(_HISTORY_FIELDS)) + 1)
+_NONES = (None,) * max(len(ROW_FIELDS), len(_HISTORY_FIELDS))
 Shape = tuple[bool, ...]
 """Which of a row's values are set (bound as `?`); the others are NULL literals."""
 _NOW = "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"
@@ -102,9 +102,8 @@ def flush(conn: sqlite3.Connection, ws: WorkingSet) -> bool:
     by_columns: dict[tuple[tuple[str, ...], Shape], list[list[Any]]] = {}
     for row_id in sorted(ws.dirty):
         changes = ws.changes(row_id)
-        values = [_column_value(k, v, text) for k, v in changes.items()]
-        values.append(row_id)
-        shape, params = _bound(values)
+        shape, params = _bound([_column_value(k, v, text) for k, v in changes.items()])
+        params.append(row_id)
         by_columns.setdefault((tuple(changes), shape), []).append(params)
     for (columns, shape), params_list in by_columns.items():
         conn.executemany(_update_by_id(columns, shape), params_list)
@@ -112,16 +111,8 @@ def flush(conn: sqlite3.Connection, ws: WorkingSet) -> bool:
     if ws.new_ids and not _insert_new(conn, ws, text):
         return False
     if ws.history:
-        by_shape: dict[Shape, list[list[Any]]] = {}
-        for h in ws.history:
-            values = list(_history_tuple(h))
-            values[_AT] = text(values[_AT])
-            values[_TO_STATE] = str(values[_TO_STATE])
-            if values[_FROM_STATE] is not None:
-                values[_FROM_STATE] = str(values[_FROM_STATE])
-            shape, params = _bound(values)
-            by_shape.setdefault(shape, []).append(params)
-        for shape, params_list in by_shape.items():
+        history = (_history_values(h, text) for h in ws.history)
+        for shape, params_list in _by_shape(history).items():
             conn.executemany(_insert_history(shape), params_list)
     if ws.deleted:
         # Their history goes with them (ON DELETE CASCADE).
@@ -132,19 +123,39 @@ def flush(conn: sqlite3.Connection, ws: WorkingSet) -> bool:
 
 def _insert_new(conn: sqlite3.Connection, ws: WorkingSet, text: _TimeTexts) -> bool:
     new_rows = ws.new_rows()
-    by_shape: dict[Shape, list[list[Any]]] = {}
-    for row in new_rows:
-        values = list(_row_tuple(row))
-        for i in _TIME_INDEXES:
-            values[i] = text(values[i])
-        values[_STATE] = str(values[_STATE])
-        values[_RETAINED] = int(values[_RETAINED])
-        shape, params = _bound(values)
-        by_shape.setdefault(shape, []).append(params)
     inserted = 0
-    for shape, params_list in by_shape.items():
+    for shape, params_list in _by_shape(_entry_values(r, text) for r in new_rows).items():
         inserted += conn.executemany(_insert_entry(shape), params_list).rowcount
     return inserted == len(new_rows)
+
+
+def _entry_values(row: EntryRow, text: _TimeTexts) -> list[Any]:
+    """A new row's values as they are bound (see the module docstring)."""
+    values = list(_row_tuple(row))
+    for i in _TIME_INDEXES:
+        values[i] = text(values[i])
+    values[_STATE] = str(values[_STATE])
+    values[_RETAINED] = int(values[_RETAINED])
+    return values
+
+
+def _history_values(history: dict[str, Any], text: _TimeTexts) -> list[Any]:
+    """A history row's values as they are bound."""
+    values = list(_history_tuple(history))
+    values[_AT] = text(values[_AT])
+    values[_TO_STATE] = str(values[_TO_STATE])
+    if values[_FROM_STATE] is not None:
+        values[_FROM_STATE] = str(values[_FROM_STATE])
+    return values
+
+
+def _by_shape(rows: Iterable[list[Any]]) -> dict[Shape, list[list[Any]]]:
+    """Rows grouped by their shape, each with only the values it binds."""
+    groups: dict[Shape, list[list[Any]]] = {}
+    for values in rows:
+        shape, params = _bound(values)
+        groups.setdefault(shape, []).append(params)
+    return groups
 
 
 def _bound(values: list[Any]) -> tuple[Shape, list[Any]]:
@@ -155,8 +166,6 @@ def _bound(values: list[Any]) -> tuple[Shape, list[Any]]:
 
 def _column_value(name: str, value: Any, text: _TimeTexts) -> Any:
     """A changed column's value as it is bound (see the module docstring)."""
-    if value is None:
-        return None
     if name in _TIME_FIELDS:
         return text(value)
     if name == "state":
@@ -237,8 +246,8 @@ def _select_by_keys(keys: int, tenants: int, upstreams: int) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _update_by_id(columns: tuple[str, ...], shape: Shape) -> str:
-    """UPDATE of these columns of one row by id (an executemany statement); `shape` also
-    covers the id, which is always bound."""
+    """UPDATE of these columns (`shape`: which of their new values are bound) of one row by id
+    (an executemany statement)."""
     marks = _placeholders(shape)
-    assignments = ", ".join(f"{name} = {mark}" for name, mark in zip(columns, marks, strict=False))
+    assignments = ", ".join(f"{name} = {mark}" for name, mark in zip(columns, marks, strict=True))
     return f"UPDATE ledger_entries SET {assignments} WHERE id = ?"

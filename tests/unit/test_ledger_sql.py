@@ -52,5 +52,5 @@ def test_a_sqlite_statement_writes_unset_values_as_null_literals() -> None:
     assert insert.count("?") == len(ROW_FIELDS) - 1
     values = insert.split("VALUES (")[1].split(")")[0].split(", ")
     assert values[ROW_FIELDS.index("run_id")] == "NULL"
-    update = sqlite_sql._update_by_id(("state", "lease_expires_at"), (True, False, True))
+    update = sqlite_sql._update_by_id(("state", "lease_expires_at"), (True, False))
     assert update.endswith("SET state = ?, lease_expires_at = NULL WHERE id = ?")
