@@ -21,6 +21,7 @@ the load generator, the provider and the middle process compete), CPU/request mu
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sys
 import tempfile
@@ -157,7 +158,6 @@ async def _run(quick: bool) -> list[Table]:
         "asyncio loop": f"http://127.0.0.1:{asyncio_port}/http/llm/v1/chat/completions",
         "interlock": f"http://127.0.0.1:{proxy_port}/http/llm/v1/chat/completions",
     }
-    cells: dict[tuple[str, str, int], Cell] = {}
     seen: dict[tuple[str, str, int], list[Cell]] = {}
     with tempfile.TemporaryDirectory(prefix="interlock-bench-http-") as tmp:
         config = _proxy_config(Path(tmp), proxy_port, provider_url)
@@ -187,16 +187,15 @@ async def _run(quick: bool) -> list[Table]:
                         for route, url in routes.items():
                             got = await _drive(url, body, n, seconds, middle[route], provider_url)
                             seen.setdefault((kind, route, n), []).append(got)
-                            best = cells.get((kind, route, n))
-                            if best is None or _better(got, best):
-                                cells[(kind, route, n)] = got
+    cells = {key: functools.reduce(_least_disturbed, runs) for key, runs in seen.items()}
     return [_table(cells, seen, concurrency, seconds, rounds)]
 
 
-def _better(new: Cell, old: Cell) -> bool:
+def _least_disturbed(old: Cell, new: Cell) -> Cell:
+    """The run with the lower CPU per request, else (no CPU figure) the higher rate."""
     if new.cpu_ms is not None and old.cpu_ms is not None:
-        return new.cpu_ms < old.cpu_ms
-    return new.rate > old.rate
+        return new if new.cpu_ms < old.cpu_ms else old
+    return new if new.rate > old.rate else old
 
 
 def _table(

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import re
 import statistics
 import sys
@@ -258,7 +259,6 @@ async def _measure_target(
     url: str,
     proc: psutil.Process | None,
     calls: int,
-    results: dict[Cell, Result],
     seen: dict[Cell, list[Result]],
     counter: str,
     kinds: tuple[str, ...] = ("read-only", "side-effecting"),
@@ -274,9 +274,6 @@ async def _measure_target(
                 got.ledger = (after[0] - before[0], after[1] - before[1])
             cell = (target, kind, concurrency)
             seen.setdefault(cell, []).append(got)
-            best = results.get(cell)
-            if best is None or (got.cpu_s or 0.0) < (best.cpu_s or 0.0) or best.cpu_s is None:
-                results[cell] = got
 
 
 DELAYED = "commit delay 5 ms"
@@ -306,27 +303,32 @@ def parse_commits(text: str) -> tuple[float, float] | None:
 async def _run(quick: bool) -> list[Table]:
     calls = 100 if quick else 1000
     rounds = 1 if quick else 3
-    results: dict[Cell, Result] = {}
     seen: dict[Cell, list[Result]] = {}
     async with counted_upstream() as (upstream, counter):
         # Rounds interleave the targets; the least disturbed (lowest CPU) run of each cell counts,
         # since the machine may be busy with other work, and each round's ratios are shown too.
         for _ in range(rounds):
-            await _measure_target("direct", upstream, None, calls, results, seen, counter)
+            await _measure_target("direct", upstream, None, calls, seen, counter)
             async with bare_proxy(upstream) as (url, proc):
-                await _measure_target("bare", url, proc, calls, results, seen, counter)
+                await _measure_target("bare", url, proc, calls, seen, counter)
             async with interlock_proxy(upstream) as (url, proc):
-                await _measure_target("interlock", url, proc, calls, results, seen, counter)
+                await _measure_target("interlock", url, proc, calls, seen, counter)
             async with interlock_proxy(upstream, loop="asyncio") as (url, proc):
-                await _measure_target("asyncio loop", url, proc, calls, results, seen, counter)
+                await _measure_target("asyncio loop", url, proc, calls, seen, counter)
             if not quick:
                 async with interlock_proxy(upstream, transport_only=True) as (url, proc):
-                    await _measure_target("transport", url, proc, calls, results, seen, counter)
+                    await _measure_target("transport", url, proc, calls, seen, counter)
                 async with interlock_proxy(upstream, commit_delay_ms=_DELAY_MS) as (url, proc):
                     await _measure_target(
-                        DELAYED, url, proc, calls, results, seen, counter, kinds=("side-effecting",)
+                        DELAYED, url, proc, calls, seen, counter, kinds=("side-effecting",)
                     )
+    # The least disturbed run of each cell (lowest CPU) is the one the table's ratios compare.
+    results = {cell: min(runs, key=_cpu_or_inf) for cell, runs in seen.items()}
     return [_table(results, seen, calls, rounds)]
+
+
+def _cpu_or_inf(result: Result) -> float:
+    return result.cpu_s if result.cpu_s is not None else math.inf
 
 
 _GOALS = {"read-only": 1.3, "side-effecting": 2.5}
