@@ -101,10 +101,9 @@ def flush(conn: sqlite3.Connection, ws: WorkingSet) -> bool:
     text = _TimeTexts()
     by_columns: dict[tuple[tuple[str, ...], Shape], list[list[Any]]] = {}
     for row_id in sorted(ws.dirty):
-        changes = ws.changes(row_id)
-        shape, params = _bound([_column_value(k, v, text) for k, v in changes.items()])
+        columns, shape, params = _changed(ws.loaded[row_id], _row_tuple(ws.rows[row_id]), text)
         params.append(row_id)
-        by_columns.setdefault((tuple(changes), shape), []).append(params)
+        by_columns.setdefault((columns, shape), []).append(params)
     for (columns, shape), params_list in by_columns.items():
         conn.executemany(_update_by_id(columns, shape), params_list)
     # After the updates: a row whose key a new row takes over has given it up by now.
@@ -133,7 +132,8 @@ def _entry_values(row: EntryRow, text: _TimeTexts) -> list[Any]:
     """A new row's values as they are bound (see the module docstring)."""
     values = list(_row_tuple(row))
     for i in _TIME_INDEXES:
-        values[i] = text(values[i])
+        if (value := values[i]) is not None:
+            values[i] = text(value)
     values[_STATE] = str(values[_STATE])
     values[_RETAINED] = int(values[_RETAINED])
     return values
@@ -162,6 +162,23 @@ def _bound(values: list[Any]) -> tuple[Shape, list[Any]]:
     """The row's shape and the values it binds (those that are not None)."""
     shape = tuple(map(operator.is_not, values, _NONES))
     return shape, list(itertools.compress(values, shape))
+
+
+def _changed(
+    before: tuple[Any, ...], after: tuple[Any, ...], text: _TimeTexts
+) -> tuple[tuple[str, ...], Shape, list[Any]]:
+    """A changed row's UPDATE in one pass over it: the columns whose values differ from those
+    loaded, which of their new values are set, and those values as they are bound."""
+    columns: list[str] = []
+    shape: list[bool] = []
+    params: list[Any] = []
+    for name, new, old in zip(ROW_FIELDS, after, before, strict=True):
+        if new != old:
+            columns.append(name)
+            shape.append(new is not None)
+            if new is not None:
+                params.append(_column_value(name, new, text))
+    return tuple(columns), tuple(shape), params
 
 
 def _column_value(name: str, value: Any, text: _TimeTexts) -> Any:
