@@ -73,7 +73,7 @@ class LedgerStore(LedgerReads):
             max_batch=max_batch,
             clock=clock,
             commit_delay_s=settings.commit_delay_ms / 1000,
-            in_flight=self._in_flight.count if self._in_flight is not None else lambda: 0,
+            in_flight=self._in_flight.count if self._in_flight is not None else None,
         )
         self._finishing = BackgroundFinishes()
         self._closed = False

@@ -83,7 +83,8 @@ class _BatchFailed(Exception):
 class GroupCommitWriter:
     """The single writer of one `LedgerStore`.
 
-    `in_flight` counts the calls whose next write is still to come (for the commit delay).
+    `in_flight` counts the calls whose next write is still to come (for the commit delay; None:
+    no call is ever waited for).
     `clock`, when given, stands in for the database's clock (tests); otherwise each batch reads
     the time from the database once its transaction holds the write lock.
     """
@@ -96,7 +97,7 @@ class GroupCommitWriter:
         max_batch: int,
         clock: Callable[[], datetime] | None = None,
         commit_delay_s: float = 0.0,
-        in_flight: Callable[[], int] = lambda: 0,
+        in_flight: Callable[[], int] | None = None,
     ) -> None:
         self._max_batch = max_batch
         self._delay_s = commit_delay_s
@@ -224,7 +225,12 @@ class GroupCommitWriter:
     def _gathered(self) -> bool:
         """Whether the batch should begin now: the writer is closing, no call in flight has a
         write still to come, or the queue (with the write in hand) fills a batch."""
-        return self._closed or self._in_flight() == 0 or self._queue.qsize() + 1 >= self._max_batch
+        return (
+            self._closed
+            or self._in_flight is None
+            or self._in_flight() == 0
+            or self._queue.qsize() + 1 >= self._max_batch
+        )
 
     async def _gather(self) -> None:
         """Wait for the writes of the calls in flight, at most the commit delay."""
