@@ -34,7 +34,12 @@ _TIME_FIELDS = frozenset(
 )
 _TIME_INDEXES = tuple(i for i, name in enumerate(ROW_FIELDS) if name in _TIME_FIELDS)
 _RETAINED = ROW_FIELDS.index("outcome_retained")
-_STATE = ROW_FIELDS.index("state")
+_CONVERTED = tuple(
+    i
+    for i, name in enumerate(ROW_FIELDS)
+    if name in _TIME_FIELDS or name in ("state", "outcome_retained")
+)
+"""The columns whose values `_column_value` converts (the others are bound as they are)."""
 _TEXT_LENGTH = len("2030-01-01 00:00:00.000000")
 _row_tuple = operator.attrgetter(*ROW_FIELDS)
 _HISTORY_FIELDS = (
@@ -101,7 +106,7 @@ def flush(conn: sqlite3.Connection, ws: WorkingSet) -> bool:
     text = _TimeTexts()
     by_columns: dict[tuple[tuple[str, ...], Shape], list[list[Any]]] = {}
     for row_id in sorted(ws.dirty):
-        columns, shape, params = _changed(ws.loaded[row_id], _row_tuple(ws.rows[row_id]), text)
+        columns, shape, params = _update_values(ws.changes(row_id), text)
         params.append(row_id)
         by_columns.setdefault((columns, shape), []).append(params)
     for (columns, shape), params_list in by_columns.items():
@@ -131,11 +136,9 @@ def _insert_new(conn: sqlite3.Connection, ws: WorkingSet, text: _TimeTexts) -> b
 def _entry_values(row: EntryRow, text: _TimeTexts) -> list[Any]:
     """A new row's values as they are bound (see the module docstring)."""
     values = list(_row_tuple(row))
-    for i in _TIME_INDEXES:
+    for i in _CONVERTED:
         if (value := values[i]) is not None:
-            values[i] = text(value)
-    values[_STATE] = str(values[_STATE])
-    values[_RETAINED] = int(values[_RETAINED])
+            values[i] = _column_value(ROW_FIELDS[i], value, text)
     return values
 
 
@@ -164,21 +167,18 @@ def _bound(values: list[Any]) -> tuple[Shape, list[Any]]:
     return shape, list(itertools.compress(values, shape))
 
 
-def _changed(
-    before: tuple[Any, ...], after: tuple[Any, ...], text: _TimeTexts
+def _update_values(
+    changes: dict[str, Any], text: _TimeTexts
 ) -> tuple[tuple[str, ...], Shape, list[Any]]:
-    """A changed row's UPDATE in one pass over it: the columns whose values differ from those
-    loaded, which of their new values are set, and those values as they are bound."""
-    columns: list[str] = []
+    """A changed row's UPDATE (`WorkingSet.changes`), in one pass over its changed columns: the
+    columns, which of their new values are set, and those values as they are bound."""
     shape: list[bool] = []
     params: list[Any] = []
-    for name, new, old in zip(ROW_FIELDS, after, before, strict=True):
-        if new != old:
-            columns.append(name)
-            shape.append(new is not None)
-            if new is not None:
-                params.append(_column_value(name, new, text))
-    return tuple(columns), tuple(shape), params
+    for name, value in changes.items():
+        shape.append(value is not None)
+        if value is not None:
+            params.append(_column_value(name, value, text))
+    return tuple(changes), tuple(shape), params
 
 
 def _column_value(name: str, value: Any, text: _TimeTexts) -> Any:
