@@ -173,25 +173,27 @@ async def _pairs(store: LedgerStore, keys: Iterator[str], writers: int, deadline
 
 
 async def _run(seconds: float, rounds: int) -> list[Table]:
-    # (configuration, writers) -> one result per round: 64 writers in every round, interleaved
-    # across the configurations; 1 writer in the first round only.
+    # (configuration, writers) -> one result per round
     results: dict[tuple[str, int], list[_Result | str]] = {}
     async with contextlib.AsyncExitStack() as databases:
         pg_url: str | None = None
-        for round_number in range(rounds):
-            for config in _CONFIGS:
-                for writers in _WRITERS if round_number == 0 else _WRITERS[-1:]:
-                    try:
-                        if config.backend == "sqlite":  # a fresh file for every cell
-                            url = await databases.enter_async_context(_sqlite_database())
-                        else:  # one temporary database for every PostgreSQL cell
-                            if pg_url is None:
-                                pg_url = await databases.enter_async_context(_pg_database())
-                            url = pg_url
-                        got: _Result | str = await _measure(config, url, writers, seconds)
-                    except (OSError, asyncpg.PostgresError, LedgerUnavailable) as error:
-                        got = f"unavailable ({type(error).__name__})"
-                    results.setdefault((config.label, writers), []).append(got)
+
+        async def database(config: _Config) -> str:
+            nonlocal pg_url
+            if config.backend == "sqlite":  # a fresh file for every cell
+                return await databases.enter_async_context(_sqlite_database())
+            if pg_url is None:  # one temporary database for every PostgreSQL cell
+                pg_url = await databases.enter_async_context(_pg_database())
+            return pg_url
+
+        for config, writers in _schedule(rounds):
+            try:
+                got: _Result | str = await _measure(
+                    config, await database(config), writers, seconds
+                )
+            except (OSError, asyncpg.PostgresError, LedgerUnavailable) as error:
+                got = f"unavailable ({type(error).__name__})"
+            results.setdefault((config.label, writers), []).append(got)
     table = Table(
         title="ledger: claim + finish pairs per second (each pair = 2 durable writes)",
         columns=["configuration", *(f"{w} writer{'s' * (w > 1)}" for w in _WRITERS),
@@ -247,6 +249,15 @@ async def _run(seconds: float, rounds: int) -> list[Table]:
         "floor row it shows how much of a lone pair's CPU is the kernel's work for two fsyncs."
     )
     return [table]
+
+
+def _schedule(rounds: int) -> Iterator[tuple[_Config, int]]:
+    """The cells in the order they run: every configuration at 1 and 64 writers, then `rounds`
+    - 1 more rounds of the 64-writer cells (where the goals are), interleaved."""
+    for round_number in range(rounds):
+        for config in _CONFIGS:
+            for writers in _WRITERS if round_number == 0 else _WRITERS[-1:]:
+                yield config, writers
 
 
 def _best(results: list[_Result | str]) -> _Result | str:
