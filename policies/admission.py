@@ -172,7 +172,8 @@ class Waiter:
 class AdmissionState:
     """What the decisions read. The runtime passes read-only views of its own tables.
 
-    `running_by_class` is keyed by (scope, band); `turns` by (band, tenant): the lower, the sooner
+    `running_by_class` is keyed by (scope, band), and only read for scopes with a running limit
+    (the book counts no others); `turns` by (band, tenant): the lower, the sooner
     that tenant's turn in its band (round-robin). `cooldown_until` is per upstream name.
     """
 
@@ -316,9 +317,12 @@ def has_room(
 
 def patience_s(config: Config, band: WorkClass, scopes: tuple[Scope, ...]) -> float:
     """How long a call of `band` touching `scopes` may wait for room."""
-    waits = [band_of(config, band).max_wait_s]
-    waits += [s.limits.max_wait_s for s in scopes if s.limits.max_wait_s is not None]
-    return max(min(waits), 0.0)
+    wait = band_of(config, band).max_wait_s
+    for scope in scopes:
+        limit = scope.limits.max_wait_s
+        if limit is not None and limit < wait:
+            wait = limit
+    return max(wait, 0.0)
 
 
 def bounded_retry_after(
@@ -350,6 +354,8 @@ def blocking_scope(
     """The full scope with the longest estimated wait, and that wait; None when all have room."""
     worst: tuple[Scope, float] | None = None
     for scope in scopes:
+        if scope.limits.max_running is None:  # never full (has_room's first test, without a call)
+            continue
         if not has_room(config, scope, band, load, deferred=deferred):
             wait = _estimated_wait_s(state, scope)
             if worst is None or wait > worst[1]:
@@ -386,10 +392,11 @@ def decide_entry(
         return Reject(Refusal("shutting_down", "global", bounded_retry_after(config, 0.0)))
     if request.deadline <= now:
         return Reject(Refusal("deadline", "global", bounded_retry_after(config, 0.0)))
-    paused = next((s for s in scopes if s.name in state.paused), None)
-    if paused is not None:
-        retry = bounded_retry_after(config, PAUSED_RETRY_AFTER_S)
-        return Reject(Refusal("paused", paused.name, retry))
+    if state.paused:
+        paused = next((s for s in scopes if s.name in state.paused), None)
+        if paused is not None:
+            retry = bounded_retry_after(config, PAUSED_RETRY_AFTER_S)
+            return Reject(Refusal("paused", paused.name, retry))
     patience = patience_s(config, request.work_class, scopes)
     full = _full_queue(state, scopes)
     until = state.cooldown_until.get(request.upstream, -math.inf)

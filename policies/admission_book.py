@@ -7,7 +7,9 @@ clock (callers pass `now`), so property tests drive it directly, without an even
 
 Counts of a scope are dropped as soon as it is idle, and service times are kept for at most
 `MAX_TIMED_SCOPES` scopes (least recently updated dropped first), so memory follows the live
-work, not the number of tenants or runs ever seen.
+work, not the number of tenants or runs ever seen. Per-band counts and service times are kept
+only for scopes with a limit (`max_running`, or `max_pending` for service times): no decision
+reads them for any other, and a call touches two or three unlimited scopes on its way.
 """
 
 from __future__ import annotations
@@ -178,22 +180,34 @@ class AdmissionBook:
     # -- running calls -------------------------------------------------------------------
 
     def start(self, request: AdmissionRequest, scopes: tuple[Scope, ...], now: float) -> Running:
-        """Count a call as running in all its scopes."""
+        """Count a call as running in all its scopes (and, in each scope with a running limit,
+        in its band: only those scopes' band counts are ever read)."""
         band = request.work_class
+        running, by_class = self._running, self._running_class
         for scope in scopes:
-            _bump(self._running, scope.name, 1)
-            _bump(self._running_class, (scope.name, band), 1)
+            name = scope.name
+            running[name] = running.get(name, 0) + 1
+            if scope.limits.max_running is not None:
+                key = (name, band)
+                by_class[key] = by_class.get(key, 0) + 1
         return Running(request, scopes, now)
 
     def finish(self, running: Running, now: float, *, sample: bool = True) -> None:
-        """Stop counting a call; with `sample`, its duration feeds the scopes' service times."""
+        """Stop counting a call; with `sample`, its duration feeds the service times of its
+        limited scopes (an estimated wait is only ever asked of a scope with a limit)."""
         band = running.request.work_class
         duration = max(now - running.started_at, 0.0)
+        counts, by_class = self._running, self._running_class
         for scope in running.scopes:
-            _bump(self._running, scope.name, -1)
-            _bump(self._running_class, (scope.name, band), -1)
+            name = scope.name
+            _drop(counts, name)
+            limits = scope.limits
+            if limits.max_running is not None:
+                _drop(by_class, (name, band))
+            elif limits.max_pending is None:
+                continue
             if sample:
-                self._sample(scope.name, duration)
+                self._sample(name, duration)
         self._index.unpark(running.request.tenant)  # its own scope has room again
 
     def _sample(self, scope: str, duration: float) -> None:
@@ -346,6 +360,15 @@ class AdmissionBook:
 def _bump(table: dict[_K, int], key: _K, delta: int) -> None:
     value = table.get(key, 0) + delta
     if value:
+        table[key] = value
+    else:
+        table.pop(key, None)
+
+
+def _drop(table: dict[_K, int], key: _K) -> None:
+    """One fewer of `key` (a count that reaches 0 is removed, so tables follow the live work)."""
+    value = table.get(key, 0) - 1
+    if value > 0:
         table[key] = value
     else:
         table.pop(key, None)

@@ -383,3 +383,24 @@ def test_a_stopped_book_refuses_what_it_admitted_a_moment_before() -> None:
     assert isinstance(refused, Reject)
     assert refused.refusal.reason == "shutting_down"
     assert book.state().stopping
+
+
+def test_a_full_queue_of_a_scope_without_a_running_limit_estimates_from_its_own_calls() -> None:
+    """Service times are kept only where an estimate can be asked: a scope with a running limit
+    or a queue bound. A tenant bounded by its queue alone still answers from its calls' times."""
+    config = make_config(1, tenant=Limits(max_pending=1))
+    book = AdmissionBook(config)
+    call = AdmissionRequest("acme", "background", "mail", deadline=NOW + 1000)
+    first = book.decide(call, NOW)
+    assert isinstance(first, Admit)
+    book.finish(book.start(call, first.scopes, NOW), NOW + 4.0)  # a 4 s call of acme
+    running = book.decide(call, NOW + 5)
+    assert isinstance(running, Admit)
+    book.start(call, running.scopes, NOW + 5)  # global (1 running) is full now
+    waiting = book.decide(call, NOW + 5)
+    assert isinstance(waiting, Queue)
+    book.enqueue(call, waiting, NOW + 5)
+    refused = book.decide(call, NOW + 5)  # acme's queue holds its one call
+    assert isinstance(refused, Reject)
+    assert refused.refusal.scope == "tenant:acme"
+    assert refused.refusal.retry_after_s == pytest.approx((1 + 1) * 4.0 / 1)
