@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from opentelemetry.trace import Span
@@ -121,25 +122,22 @@ async def handle_tools_call(
         return await _admit_and_run(call, send_upstream, notify)
 
 
-@contextlib.contextmanager
 def _server_span(
     tool: str, attributes: Callable[[], dict[str, Any]], ctx: McpCallContext, meta: JsonObject
-) -> Iterator[Span]:
+) -> AbstractContextManager[Span]:
     """The transport's SERVER span of this request (one per call), or our own if there is none.
 
-    `attributes` are built only for a span that records them (tracing on and sampled).
+    `attributes` are built only for a span that records them (tracing on and sampled). A plain
+    function returning the context manager, not a generator: it runs on every call.
     """
     current = tracing.current_span()
     if current.is_recording():
         tracing.set_attributes(current, attributes())
-        yield current
-        return
+        return contextlib.nullcontext(current)
     if ctx.traced or (not tracing.tracing_on() and current.get_span_context().is_valid):
-        yield current  # the transport's span, not recorded: whatever it continued passes on
-        return
+        return contextlib.nullcontext(current)  # the transport's span, not recorded: it passes on
     name = tracing.mcp_span_name("tools/call", tool)
-    with tracing.call_span(name, attributes=attributes, headers=ctx.headers, meta=meta) as span:
-        yield span
+    return tracing.call_span(name, attributes=attributes, headers=ctx.headers, meta=meta)
 
 
 class _WaitProgress:
