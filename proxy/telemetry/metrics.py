@@ -79,6 +79,7 @@ class _Instruments:
         # Attribute mappings built once and shared (never mutated), cleared with the instruments.
         self.upstream_attrs: dict[str, Mapping[str, str]] = {}
         self.class_attrs: dict[tuple[str, str], Mapping[str, str]] = {}
+        self.decision_attrs: dict[tuple[str, str, str | None], Mapping[str, str]] = {}
         self.duration_attrs: dict[tuple[str | None, ...], Mapping[str, str]] = {}
         self.refusals = c("interlock.admission.refusals", "{call}", "Calls refused")
         self.admissions = c(
@@ -277,10 +278,16 @@ def refusal(reason: str, scope: str, upstream: str) -> None:
 
 def admission(decision: str, upstream: str, reason: str | None = None) -> None:
     """An admission decision: admitted | queued | rejected | observed | deferred."""
+    key = (decision, upstream, reason)
+    attrs = _shared(_instruments.decision_attrs, key, _decision_attrs, decision, upstream, reason)
+    _instruments.admissions.add(1, attrs)
+
+
+def _decision_attrs(decision: str, upstream: str, reason: str | None) -> Mapping[str, str]:
     attrs = {"decision": decision, "upstream": _upstream(upstream)}
     if reason:
         attrs["reason"] = labels.bounded("reason", reason)
-    _instruments.admissions.add(1, attrs)
+    return attrs
 
 
 def would_reject(reason: str, scope: str, upstream: str) -> None:

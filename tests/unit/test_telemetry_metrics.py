@@ -220,3 +220,25 @@ def test_past_the_cache_limit_values_are_still_recorded_under_their_own_labels(
     assert samples[(count, (("class", "interactive"), ("upstream", "mail")))] == 1
     assert samples[(count, (("class", "background"), ("upstream", "mail")))] == 2
     assert len(metrics._instruments.class_attrs) == 1
+
+
+def test_admission_decisions_count_by_decision_upstream_and_reason(handle: TelemetryHandle) -> None:
+    """Each (decision, upstream, reason) is its own series, however often one repeats: the label
+    sets are shared between calls, so one decision's labels never stand for another's."""
+    metrics.admission("admitted", "mail")
+    metrics.admission("admitted", "mail")
+    metrics.admission("rejected", "mail", "overloaded")
+    metrics.admission("rejected", "mail", "paused")
+    metrics.admission("rejected", "files", "overloaded")
+    samples = scrape(handle)
+    decisions = {
+        labels: value
+        for (name, labels), value in samples.items()
+        if name == "interlock_admission_decisions_total"
+    }
+    assert decisions == {
+        (("decision", "admitted"), ("reason", ""), ("upstream", "mail")): 2,  # no reason
+        (("decision", "rejected"), ("reason", "overloaded"), ("upstream", "mail")): 1,
+        (("decision", "rejected"), ("reason", "paused"), ("upstream", "mail")): 1,
+        (("decision", "rejected"), ("reason", "overloaded"), ("upstream", "files")): 1,
+    }
