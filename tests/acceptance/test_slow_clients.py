@@ -99,15 +99,17 @@ async def test_a_request_head_that_trickles_in_is_cut_off(tmp_path: Path):
 
 
 @pytest.mark.slow
-async def test_a_body_that_stops_arriving_is_cut_off(tmp_path: Path):
+@pytest.mark.parametrize("path", ["/mcp/up", "/admin/ledger/e1/resolve"])
+async def test_a_body_that_stops_arriving_is_cut_off(tmp_path: Path, path: str):
     """A POST that announces 1000 bytes and sends 10 is closed once its body stops moving, and
-    the proxy stays up."""
+    the proxy stays up: on the proxied routes and on the operator API alike."""
     port = _free_port()
     with proxy_process(_config(tmp_path, port, max_connections=64)):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(
-            b"POST /mcp/up HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 1000\r\n\r\n" + b'{"jsonrpc"'
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode()
+            + b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+            + b'{"jsonrpc"'
         )
         await writer.drain()
         await _closed_by_server(reader)
