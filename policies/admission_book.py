@@ -183,10 +183,10 @@ class AdmissionBook:
         """Count a call as running in all its scopes (and, in each scope with a running limit,
         in its band: only those scopes' band counts are ever read)."""
         band = request.work_class
-        running, by_class = self._running, self._running_class
+        counts, by_class = self._running, self._running_class
         for scope in scopes:
             name = scope.name
-            running[name] = running.get(name, 0) + 1
+            counts[name] = counts.get(name, 0) + 1
             if scope.limits.max_running is not None:
                 key = (name, band)
                 by_class[key] = by_class.get(key, 0) + 1
