@@ -10,7 +10,14 @@ from collections.abc import Iterable, Mapping
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
-__all__ = ["Histogram", "Sums"]
+__all__ = ["Histogram", "LabelKey", "Sums", "label_key"]
+
+LabelKey = tuple[tuple[str, str], ...]
+"""A label set as the instruments key it: its (name, value) pairs in order."""
+
+
+def label_key(attributes: Mapping[str, str]) -> LabelKey:
+    return tuple(attributes.items())
 
 
 class Sums:
@@ -25,10 +32,14 @@ class Sums:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._totals: dict[tuple[tuple[str, str], ...], float] = {}
+        self._totals: dict[LabelKey, float] = {}
 
     def add(self, value: float, attributes: Mapping[str, str]) -> None:
-        key = tuple(attributes.items())
+        self.add_to(label_key(attributes), value)
+
+    def add_to(self, key: LabelKey, value: float) -> None:
+        """Add to the total of a label set given as its `label_key` (callers that add to the
+        same label set on every call keep its key instead of rebuilding it)."""
         with self._lock:
             self._totals[key] = self._totals.get(key, 0) + value
 
@@ -56,16 +67,27 @@ class Histogram:
         self.description = description
         self.bounds = bounds
         self._lock = threading.Lock()
-        self._series: dict[tuple[tuple[str, str], ...], list[float]] = {}
+        self._series: dict[LabelKey, list[float]] = {}
 
     def record(self, value: float, attributes: Mapping[str, str]) -> None:
-        key = tuple(attributes.items())
-        index = bisect.bisect_left(self.bounds, value)
+        self.record_into(self.series_for(attributes), value)
+
+    def series_for(self, attributes: Mapping[str, str]) -> list[float]:
+        """The live counts of one label set, made on first use: callers that record into the
+        same label set on every call keep it and pass it to `record_into` (a series is never
+        replaced or dropped while the histogram lives)."""
+        key = label_key(attributes)
         with self._lock:
             series = self._series.get(key)
             if series is None:
                 # one count per bound, the +Inf count, then the sum
                 series = self._series[key] = [0] * (len(self.bounds) + 2)
+        return series
+
+    def record_into(self, series: list[float], value: float) -> None:
+        """Count `value` in a series `series_for` gave."""
+        index = bisect.bisect_left(self.bounds, value)
+        with self._lock:
             series[index] += 1
             series[-1] += value
 

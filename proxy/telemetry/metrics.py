@@ -24,7 +24,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import Meter, MeterProvider
 
 from proxy.telemetry import labels
-from proxy.telemetry.instruments import Histogram, Sums
+from proxy.telemetry.instruments import Histogram, LabelKey, Sums, label_key
 from proxy.telemetry.state_gauges import (
     LEDGER_STATES,
     StateReading,
@@ -78,9 +78,12 @@ class _Instruments:
 
         # Attribute mappings built once and shared (never mutated), cleared with the instruments.
         self.upstream_attrs: dict[str, Mapping[str, str]] = {}
-        self.class_attrs: dict[tuple[str, str], Mapping[str, str]] = {}
-        self.decision_attrs: dict[tuple[str, str, str | None], Mapping[str, str]] = {}
-        self.duration_attrs: dict[tuple[str | None, ...], Mapping[str, str]] = {}
+        # The per-call recorders (an admission decision, queue wait, first byte, operation
+        # duration) keep each label set's key or live series instead: no mapping per call.
+        self.decision_keys: dict[tuple[str, str, str | None], LabelKey] = {}
+        self.queue_wait_series: dict[tuple[str, str], list[float]] = {}
+        self.first_byte_series: dict[str, list[float]] = {}
+        self.duration_series: dict[tuple[str | None, ...], list[float]] = {}
         self.refusals = c("interlock.admission.refusals", "{call}", "Calls refused")
         self.admissions = c(
             "interlock.admission.decisions", "{call}", "Admission decisions by decision and reason"
@@ -238,6 +241,7 @@ def _upstream(name: str) -> str:
 
 
 K = TypeVar("K")
+V = TypeVar("V")
 _ATTRS_CACHE_MAX = 1024  # upstream names come from the configuration: far fewer in practice
 
 
@@ -249,9 +253,15 @@ def _shared(
     attrs = cache.get(key)
     if attrs is None:
         attrs = build(*args)
-        if len(cache) < _ATTRS_CACHE_MAX:
-            cache[key] = attrs
+        _keep(cache, key, attrs)
     return attrs
+
+
+def _keep(cache: dict[K, V], key: K, value: V) -> None:
+    """Remember `value` for `key` while the cache is below `_ATTRS_CACHE_MAX` entries (past that
+    it is looked up again per call; the labels themselves stay bounded)."""
+    if len(cache) < _ATTRS_CACHE_MAX:
+        cache[key] = value
 
 
 def _upstream_attrs(name: str) -> Mapping[str, str]:
@@ -278,9 +288,12 @@ def refusal(reason: str, scope: str, upstream: str) -> None:
 
 def admission(decision: str, upstream: str, reason: str | None = None) -> None:
     """An admission decision: admitted | queued | rejected | observed | deferred."""
-    key = (decision, upstream, reason)
-    attrs = _shared(_instruments.decision_attrs, key, _decision_attrs, decision, upstream, reason)
-    _instruments.admissions.add(1, attrs)
+    keys = _instruments.decision_keys
+    key = keys.get((decision, upstream, reason))
+    if key is None:
+        key = label_key(_decision_attrs(decision, upstream, reason))
+        _keep(keys, (decision, upstream, reason), key)
+    _instruments.admissions.add_to(key, 1)
 
 
 def _decision_attrs(decision: str, upstream: str, reason: str | None) -> Mapping[str, str]:
@@ -322,15 +335,23 @@ def idempotency_outcome(outcome: str, upstream: str) -> None:
 
 def first_byte(upstream: str, seconds: float) -> None:
     """From admission to the first byte of the upstream's answer."""
-    _instruments.first_byte.record(seconds, _upstream_attrs(upstream))
+    histogram = _instruments.first_byte
+    series = _instruments.first_byte_series.get(upstream)
+    if series is None:
+        series = histogram.series_for(_build_upstream_attrs(upstream))
+        _keep(_instruments.first_byte_series, upstream, series)
+    histogram.record_into(series, seconds)
 
 
 def queue_wait(upstream: str, work_class: str, seconds: float) -> None:
     """How long an admitted call waited in the queue, per upstream and work class (a priority
     band: one of four names, so the label stays bounded)."""
-    key = (upstream, work_class)
-    attrs = _shared(_instruments.class_attrs, key, _class_attrs, upstream, work_class)
-    _instruments.queue_wait.record(seconds, attrs)
+    histogram = _instruments.queue_wait
+    series = _instruments.queue_wait_series.get((upstream, work_class))
+    if series is None:
+        series = histogram.series_for(_class_attrs(upstream, work_class))
+        _keep(_instruments.queue_wait_series, (upstream, work_class), series)
+    histogram.record_into(series, seconds)
 
 
 def _class_attrs(upstream: str, work_class: str) -> Mapping[str, str]:
@@ -357,8 +378,12 @@ def operation_duration(
 ) -> None:
     """`mcp.server.operation.duration` of one proxied MCP request (MCP conventions' attributes)."""
     key = (method, upstream, error_type, tool, transport)
-    attrs = _shared(_instruments.duration_attrs, key, _duration_attrs, *key)
-    _instruments.duration.record(seconds, attrs)
+    histogram = _instruments.duration
+    series = _instruments.duration_series.get(key)
+    if series is None:
+        series = histogram.series_for(_duration_attrs(*key))
+        _keep(_instruments.duration_series, key, series)
+    histogram.record_into(series, seconds)
 
 
 def _duration_attrs(

@@ -209,8 +209,8 @@ def scrape_text(h: TelemetryHandle) -> str:
 def test_past_the_cache_limit_values_are_still_recorded_under_their_own_labels(
     handle: TelemetryHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Attribute mappings are shared per key up to a limit; past it each call builds its own
-    mapping, and the value lands in the same series as before (nothing is lost or mislabelled)."""
+    """A label set's series is kept per key up to a limit; past it each call builds the label
+    set again, and the value lands in the same series as before (nothing lost or mislabelled)."""
     monkeypatch.setattr(metrics, "_ATTRS_CACHE_MAX", 1)
     metrics.queue_wait("mail", "interactive", 0.001)  # cached: the one allowed key
     metrics.queue_wait("mail", "background", 0.02)  # past the limit: built for this call
@@ -219,7 +219,7 @@ def test_past_the_cache_limit_values_are_still_recorded_under_their_own_labels(
     count = "interlock_queue_wait_seconds_count"
     assert samples[(count, (("class", "interactive"), ("upstream", "mail")))] == 1
     assert samples[(count, (("class", "background"), ("upstream", "mail")))] == 2
-    assert len(metrics._instruments.class_attrs) == 1
+    assert len(metrics._instruments.queue_wait_series) == 1
 
 
 def test_admission_decisions_count_by_decision_upstream_and_reason(handle: TelemetryHandle) -> None:
@@ -242,3 +242,36 @@ def test_admission_decisions_count_by_decision_upstream_and_reason(handle: Telem
         (("decision", "rejected"), ("reason", "paused"), ("upstream", "mail")): 1,
         (("decision", "rejected"), ("reason", "overloaded"), ("upstream", "files")): 1,
     }
+
+
+def test_per_call_histograms_keep_one_series_per_label_set(handle: TelemetryHandle) -> None:
+    """Queue wait by (upstream, class), first byte by upstream, operation duration by its
+    attributes: each label set counts and sums only its own values, however often it repeats."""
+    metrics.queue_wait("mail", "interactive", 0.0)
+    metrics.queue_wait("mail", "interactive", 0.0)
+    metrics.queue_wait("mail", "background", 0.25)
+    metrics.queue_wait("files", "interactive", 0.5)
+    metrics.first_byte("mail", 0.1)
+    metrics.first_byte("files", 0.2)
+    metrics.first_byte("files", 0.3)
+    metrics.operation_duration("tools/call", "mail", 0.3, tool="send_email")
+    metrics.operation_duration("tools/call", "mail", 0.4, "tool_error", tool="send_email")
+    samples = scrape(handle)
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    wait = "interlock_queue_wait_seconds"
+    assert value(f"{wait}_count", upstream="mail", **{"class": "interactive"}) == 2
+    assert value(f"{wait}_sum", upstream="mail", **{"class": "interactive"}) == 0.0
+    assert value(f"{wait}_count", upstream="mail", **{"class": "background"}) == 1
+    assert value(f"{wait}_sum", upstream="mail", **{"class": "background"}) == 0.25
+    assert value(f"{wait}_count", upstream="files", **{"class": "interactive"}) == 1
+    first = "interlock_admission_to_first_byte_seconds"
+    assert value(f"{first}_count", upstream="mail") == 1
+    assert value(f"{first}_count", upstream="files") == 2
+    assert value(f"{first}_sum", upstream="files") == pytest.approx(0.5)
+    duration = "mcp_server_operation_duration_seconds_count"
+    common = {"gen_ai_tool_name": "send_email", "mcp_method_name": "tools/call"}
+    assert value(duration, upstream="mail", **common) == 1
+    assert value(duration, upstream="mail", error_type="tool_error", **common) == 1
