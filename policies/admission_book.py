@@ -183,13 +183,10 @@ class AdmissionBook:
         """Count a call as running in all its scopes (and, in each scope with a running limit,
         in its band: only those scopes' band counts are ever read)."""
         band = request.work_class
-        counts, by_class = self._running, self._running_class
         for scope in scopes:
-            name = scope.name
-            counts[name] = counts.get(name, 0) + 1
+            _bump(self._running, scope.name, 1)
             if scope.limits.max_running is not None:
-                key = (name, band)
-                by_class[key] = by_class.get(key, 0) + 1
+                _bump(self._running_class, (scope.name, band), 1)
         return Running(request, scopes, now)
 
     def finish(self, running: Running, now: float, *, sample: bool = True) -> None:
@@ -197,17 +194,13 @@ class AdmissionBook:
         limited scopes (an estimated wait is only ever asked of a scope with a limit)."""
         band = running.request.work_class
         duration = max(now - running.started_at, 0.0)
-        counts, by_class = self._running, self._running_class
         for scope in running.scopes:
-            name = scope.name
-            _drop(counts, name)
+            _bump(self._running, scope.name, -1)
             limits = scope.limits
             if limits.max_running is not None:
-                _drop(by_class, (name, band))
-            elif limits.max_pending is None:
-                continue
-            if sample:
-                self._sample(name, duration)
+                _bump(self._running_class, (scope.name, band), -1)
+            if sample and (limits.max_running is not None or limits.max_pending is not None):
+                self._sample(scope.name, duration)
         self._index.unpark(running.request.tenant)  # its own scope has room again
 
     def _sample(self, scope: str, duration: float) -> None:
@@ -360,15 +353,6 @@ class AdmissionBook:
 def _bump(table: dict[_K, int], key: _K, delta: int) -> None:
     value = table.get(key, 0) + delta
     if value:
-        table[key] = value
-    else:
-        table.pop(key, None)
-
-
-def _drop(table: dict[_K, int], key: _K) -> None:
-    """One fewer of `key` (a count that reaches 0 is removed, so tables follow the live work)."""
-    value = table.get(key, 0) - 1
-    if value > 0:
         table[key] = value
     else:
         table.pop(key, None)
