@@ -58,6 +58,7 @@ class Histogram:
     a tenth of that, and the proxy records two or three per call. Buckets are cumulative, with
     inclusive upper bounds and a last `+Inf` bucket, exactly as the SDK's explicit-bucket
     aggregation exports them. `name` is the Prometheus family name (unit suffix included).
+    A caller takes a label set's series once (`series_for`) and counts into it (`record_into`).
     """
 
     __slots__ = ("_lock", "_series", "bounds", "description", "name")
@@ -68,9 +69,6 @@ class Histogram:
         self.bounds = bounds
         self._lock = threading.Lock()
         self._series: dict[LabelKey, list[float]] = {}
-
-    def record(self, value: float, attributes: Mapping[str, str]) -> None:
-        self.record_into(self.series_for(attributes), value)
 
     def series_for(self, attributes: Mapping[str, str]) -> list[float]:
         """The live counts of one label set, made on first use: callers that record into the

@@ -245,23 +245,29 @@ V = TypeVar("V")
 _ATTRS_CACHE_MAX = 1024  # upstream names come from the configuration: far fewer in practice
 
 
-def _shared(
-    cache: dict[K, Mapping[str, str]], key: K, build: Callable[..., Mapping[str, str]], *args: Any
-) -> Mapping[str, str]:
-    """The attribute mapping `build(*args)` made once per `key` and shared (never mutated); past
-    `_ATTRS_CACHE_MAX` keys a mapping is built per call (the labels themselves stay bounded)."""
-    attrs = cache.get(key)
-    if attrs is None:
-        attrs = build(*args)
-        _keep(cache, key, attrs)
-    return attrs
+def _shared(cache: dict[K, V], key: K, build: Callable[..., V], *args: Any) -> V:
+    """`build(*args)` made once per `key` and shared (never mutated): an attribute mapping, a
+    label set's key or its live series. The per-call recorders write `cache.get(key) or
+    _made(...)` instead, which costs one look-up when the value is kept (their values, a
+    non-empty key or series, are never falsy)."""
+    value = cache.get(key)
+    return value if value is not None else _made(cache, key, build, *args)
 
 
-def _keep(cache: dict[K, V], key: K, value: V) -> None:
-    """Remember `value` for `key` while the cache is below `_ATTRS_CACHE_MAX` entries (past that
-    it is looked up again per call; the labels themselves stay bounded)."""
+def _made(cache: dict[K, V], key: K, build: Callable[..., V], *args: Any) -> V:
+    """`build(*args)`, kept for `key` while the cache is below `_ATTRS_CACHE_MAX` entries (past
+    that it is built again per call; the labels themselves stay bounded)."""
+    value = build(*args)
     if len(cache) < _ATTRS_CACHE_MAX:
         cache[key] = value
+    return value
+
+
+def _series(
+    histogram: Histogram, attributes: Callable[..., Mapping[str, str]], *args: Any
+) -> list[float]:
+    """The live series of the label set `attributes(*args)` (for `_made` to keep)."""
+    return histogram.series_for(attributes(*args))
 
 
 def _upstream_attrs(name: str) -> Mapping[str, str]:
@@ -288,19 +294,16 @@ def refusal(reason: str, scope: str, upstream: str) -> None:
 
 def admission(decision: str, upstream: str, reason: str | None = None) -> None:
     """An admission decision: admitted | queued | rejected | observed | deferred."""
+    key = (decision, upstream, reason)
     keys = _instruments.decision_keys
-    key = keys.get((decision, upstream, reason))
-    if key is None:
-        key = label_key(_decision_attrs(decision, upstream, reason))
-        _keep(keys, (decision, upstream, reason), key)
-    _instruments.admissions.add_to(key, 1)
+    _instruments.admissions.add_to(keys.get(key) or _made(keys, key, _decision_key, *key), 1)
 
 
-def _decision_attrs(decision: str, upstream: str, reason: str | None) -> Mapping[str, str]:
+def _decision_key(decision: str, upstream: str, reason: str | None) -> LabelKey:
     attrs = {"decision": decision, "upstream": _upstream(upstream)}
     if reason:
         attrs["reason"] = labels.bounded("reason", reason)
-    return attrs
+    return label_key(attrs)
 
 
 def would_reject(reason: str, scope: str, upstream: str) -> None:
@@ -335,22 +338,19 @@ def idempotency_outcome(outcome: str, upstream: str) -> None:
 
 def first_byte(upstream: str, seconds: float) -> None:
     """From admission to the first byte of the upstream's answer."""
-    histogram = _instruments.first_byte
-    series = _instruments.first_byte_series.get(upstream)
-    if series is None:
-        series = histogram.series_for(_build_upstream_attrs(upstream))
-        _keep(_instruments.first_byte_series, upstream, series)
+    histogram, kept = _instruments.first_byte, _instruments.first_byte_series
+    series = kept.get(upstream) or _made(
+        kept, upstream, _series, histogram, _build_upstream_attrs, upstream
+    )
     histogram.record_into(series, seconds)
 
 
 def queue_wait(upstream: str, work_class: str, seconds: float) -> None:
     """How long an admitted call waited in the queue, per upstream and work class (a priority
     band: one of four names, so the label stays bounded)."""
-    histogram = _instruments.queue_wait
-    series = _instruments.queue_wait_series.get((upstream, work_class))
-    if series is None:
-        series = histogram.series_for(_class_attrs(upstream, work_class))
-        _keep(_instruments.queue_wait_series, (upstream, work_class), series)
+    histogram, kept = _instruments.queue_wait, _instruments.queue_wait_series
+    key = (upstream, work_class)
+    series = kept.get(key) or _made(kept, key, _series, histogram, _class_attrs, *key)
     histogram.record_into(series, seconds)
 
 
@@ -378,11 +378,8 @@ def operation_duration(
 ) -> None:
     """`mcp.server.operation.duration` of one proxied MCP request (MCP conventions' attributes)."""
     key = (method, upstream, error_type, tool, transport)
-    histogram = _instruments.duration
-    series = _instruments.duration_series.get(key)
-    if series is None:
-        series = histogram.series_for(_duration_attrs(*key))
-        _keep(_instruments.duration_series, key, series)
+    histogram, kept = _instruments.duration, _instruments.duration_series
+    series = kept.get(key) or _made(kept, key, _series, histogram, _duration_attrs, *key)
     histogram.record_into(series, seconds)
 
 
