@@ -17,6 +17,7 @@ import math
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 from typing import Any, Literal
 
 from policies.model import KeyRecipe
@@ -56,7 +57,33 @@ def fingerprint(operation: str, arguments: Any) -> str:
 
 
 def _fingerprint(operation: str, normal_arguments: Any) -> str:
-    return _sha256(_dumps({"operation": operation, "arguments": normal_arguments}))
+    return _print_of(operation, _utf8(_dumps(normal_arguments)))
+
+
+def _print_of(operation: str, arguments: bytes) -> str:
+    """The fingerprint from the operation and the canonical text of the arguments (UTF-8)."""
+    return _object_hash({"operation": _utf8(_string_text(operation)), "arguments": arguments})
+
+
+def _string_text(value: str | None) -> str:
+    """What `_dumps` writes for a string (put in NFC here) or None, without its set-up cost."""
+    return "null" if value is None else encode_basestring(unicodedata.normalize("NFC", value))
+
+
+def _object_hash(members: dict[str, bytes]) -> str:
+    """The sha256 hex digest of an object's canonical text, fed to the hash from its members'
+    canonical texts (UTF-8): the digest of `_dumps` of the whole object (names sorted, no spaces),
+    without writing megabytes of arguments out a second time. Names are ASCII, already in NFC."""
+    digest = hashlib.sha256(b"{")
+    for index, name in enumerate(sorted(members)):
+        digest.update(b'%s"%s":' % (b"," if index else b"", name.encode()))
+        digest.update(members[name])
+    digest.update(b"}")
+    return digest.hexdigest()
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,29 +123,24 @@ def decide_key(
     Raises:
         TypeError, ValueError: arguments that have no canonical JSON form (see `canonical_json`).
     """
-    # The arguments are put in canonical form once, for the fingerprint and a derived key: the
-    # walk is Python code, and the arguments may be megabytes.
-    normal_arguments = _normalise(arguments)
-    arguments_print = _fingerprint(_normalise(operation), normal_arguments)
+    # The arguments are put in canonical form and written as text once, for the fingerprint and
+    # a derived key: the walk is Python code, and the arguments may be megabytes.
+    arguments_text = _utf8(_dumps(_normalise(arguments)))
+    arguments_print = _print_of(operation, arguments_text)
     if explicit is not None and explicit.strip():
         return KeyDecision(explicit, "explicit", arguments_print)
     if recipe.mode in ("none", "explicit"):
         return KeyDecision(None, "none", arguments_print)
-    document: dict[str, Any] = _normalise_object(
-        {
-            "recipe": recipe.mode,
-            "tenant": tenant,
-            "upstream": upstream,
-            "tool": operation,
-            "run_id": run_id,
-        }
-    )
+    context = {"recipe": recipe.mode, "tenant": tenant, "upstream": upstream, "tool": operation}
+    members = {name: _utf8(_string_text(value)) for name, value in context.items()}
+    members["run_id"] = _utf8(_string_text(run_id))
     if recipe.mode == "fields":
         args = {} if arguments is None else arguments
-        document["fields"] = _normalise({name: pick_field(args, name) for name in recipe.fields})
+        picked = {name: pick_field(args, name) for name in recipe.fields}
+        members["fields"] = _utf8(_dumps(_normalise(picked)))
     else:
-        document["arguments"] = normal_arguments
-    key = _sha256(_dumps(document))
+        members["arguments"] = arguments_text
+    key = _object_hash(members)
     return KeyDecision(key, "derived", arguments_print, dedup_window_s=window_s)
 
 
@@ -138,10 +160,6 @@ def pick_field(arguments: Any, path: str) -> Any:
         else:
             return None
     return node
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _normalise(value: Any) -> Any:

@@ -247,4 +247,26 @@ def test_derived_key_is_the_hash_of_its_canonical_document(value: Any, run_id: s
     }
     expected = hashlib.sha256(canonical_json(document).encode()).hexdigest()
     assert decision.key == expected
-    assert decision.fingerprint == fingerprint(context["operation"], value)
+    whole = {"operation": context["operation"], "arguments": value}
+    expected_print = hashlib.sha256(canonical_json(whole).encode()).hexdigest()
+    assert decision.fingerprint == expected_print == fingerprint(context["operation"], value)
+
+
+@given(st.dictionaries(st.sampled_from(["to", "cc", "body"]), json_values, max_size=3))
+def test_fields_key_is_the_hash_of_its_canonical_document(value: dict[str, Any]) -> None:
+    """The `fields` recipe's key hashes the same context with only the named fields (a missing
+    one as null): the whole document's canonical JSON, however the key is put together."""
+    import hashlib
+
+    decision = decide_key(
+        KeyRecipe("fields", ("to", "cc")), explicit=None, arguments=value, **CONTEXT
+    )
+    document = {
+        "recipe": "fields",
+        "tenant": CONTEXT["tenant"],
+        "upstream": CONTEXT["upstream"],
+        "tool": CONTEXT["operation"],
+        "run_id": CONTEXT["run_id"],
+        "fields": {"to": value.get("to"), "cc": value.get("cc")},
+    }
+    assert decision.key == hashlib.sha256(canonical_json(document).encode()).hexdigest()
