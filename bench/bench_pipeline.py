@@ -10,7 +10,9 @@ the benchmarks of whole processes. Reported: this process's CPU per call (`time.
 the event loop and the ledger's writer thread) at concurrency 1 and 32, and the event loop's own
 share (`time.thread_time` of the loop's thread), beside the ledger's floor (`bench.ledger_floor`:
 the same two commits as bare SQL through the writer thread) measured in the same run. Per-call
-work that grew with the number in flight would show as a c=32 figure above the c=1 one.
+work that grew with the number in flight would show as a c=32 figure above the c=1 one. A third
+kind sends a side-effecting call with a 1 MiB string argument (an attachment, say): what its key,
+its fingerprint and its stored (capped) text cost when the arguments are large.
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ _HEADERS = CIMultiDictProxy(
     )
 )
 _RESULT = {"content": [{"type": "text", "text": "ok"}], "isError": False}
-_KINDS = {"read-only": "search_docs", "side-effecting": "send_email"}
+_LARGE = "side-effecting, 1 MiB argument"
+_KINDS = {"read-only": "search_docs", "side-effecting": "send_email", _LARGE: "send_email"}
+_MIB_TEXT = "x" * (1 << 20)
 
 
 def _config(folder: Path) -> Config:
@@ -88,7 +92,11 @@ def _caller(app: web.Application, kind: str) -> Callable[[], Awaitable[None]]:
 
     async def call() -> None:
         n = next(numbers)
-        arguments = {"query": "backpressure"} if kind == "read-only" else {"subject": f"s{n}"}
+        arguments: dict[str, Any] = {"subject": f"s{n}"}
+        if kind == "read-only":
+            arguments = {"query": "backpressure"}
+        elif kind == _LARGE:  # an attachment, say: its key, fingerprint and stored text
+            arguments["body"] = _MIB_TEXT
         request = {
             "jsonrpc": "2.0",
             "id": n,
@@ -116,7 +124,11 @@ async def _drive(call: Callable[[], Awaitable[None]], calls: int, concurrency: i
 
 
 async def _measure(quick: bool) -> tuple[dict[tuple[str, int], tuple[float, float]], float]:
-    calls = {"read-only": 2000 if quick else 20000, "side-effecting": 500 if quick else 4000}
+    calls = {
+        "read-only": 2000 if quick else 20000,
+        "side-effecting": 500 if quick else 4000,
+        _LARGE: 100 if quick else 400,
+    }
     results: dict[tuple[str, int], tuple[float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
         app = create_app(_config(Path(tmp)))
@@ -161,6 +173,8 @@ def run(quick: bool = False) -> list[Table]:
         "writer thread). The floor under a side-effecting call's two durable commits, as bare "
         f"SQL through the writer thread one at a time, measured in this run: {floor:.0f} µs. "
         "A read-only call is classification, admission and the server span; a side-effecting one "
-        "adds its key, the write-ahead claim and the recorded outcome."
+        "adds its key, the write-ahead claim and the recorded outcome; with a 1 MiB argument it "
+        "hashes that MiB twice (key and fingerprint) and stores the first "
+        "`ledger.max_argument_bytes` of it."
     )
     return [table]

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["RawJson", "encode_default", "loads", "orjson_default"]
+__all__ = ["RawJson", "compact_text", "encode_default", "loads", "orjson_default"]
 
 # Every digit becomes "0", every other byte " ": a run of 19 digits is then a plain substring.
 _DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
@@ -39,6 +39,18 @@ def loads(raw: bytes | bytearray | str) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
         return json.loads(raw)
+
+
+def compact_text(value: Any) -> str:
+    """`value` as compact JSON text (no spaces, UTF-8 characters as they are), with orjson: a
+    large argument is written about ten times faster than by `json.dumps`. What orjson refuses
+    (an integer beyond 64 bits, a value JSON cannot carry) goes to the standard library, which
+    writes such a value as its `str()`.
+    """
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 class RawJson:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +17,7 @@ from policies.classify import Classification
 from policies.keys import KeyDecision
 from policies.model import UpstreamSpec, WorkClass
 from policies.redaction import redacted
+from proxy.json_codec import compact_text
 from proxy.mcp.wire.tasks import TaskLine
 from proxy.telemetry import tracing
 
@@ -99,8 +99,7 @@ class ToolCall:
         """
         decided = key if key is not None else self.key
         assert decided is not None, "a read-only call is ledgered only with a key passed in"
-        kept = redacted(self.arguments, self.policy.redact)
-        arguments = json.dumps(kept, ensure_ascii=False, default=str)
+        arguments = compact_text(redacted(self.arguments, self.policy.redact))
         return ClaimRequest(
             tenant=self.attrs.tenant,
             upstream=self.ctx.upstream.name,
