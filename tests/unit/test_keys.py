@@ -270,3 +270,45 @@ def test_fields_key_is_the_hash_of_its_canonical_document(value: dict[str, Any])
         "fields": {"to": value.get("to"), "cc": value.get("cc")},
     }
     assert decision.key == hashlib.sha256(canonical_json(document).encode()).hexdigest()
+
+
+def test_every_character_is_written_as_the_canonical_form_writes_it() -> None:
+    """Strings hash as the standard library writes them, whichever encoder writes them: every
+    code point (but the surrogates JSON text cannot carry), as a key and as a value."""
+    import hashlib
+
+    text = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
+    arguments = {text[i : i + 512]: text[i : i + 512] for i in range(0, len(text), 512)}
+    expected = canonical_json({"operation": "op", "arguments": arguments})
+    assert fingerprint("op", arguments) == hashlib.sha256(expected.encode()).hexdigest()
+    assert _key(KeyRecipe("derived"), arguments) == _whole_document_key(arguments)
+
+
+def test_floats_integers_beyond_64_bits_and_deep_nesting_keep_their_canonical_text() -> None:
+    """`2.5e-07` stays `2.5e-07` (not `2.5e-7`), an integer beyond 64 bits and a value nested
+    deeper than fast encoders go are written whole: the key of a call never changes with them."""
+    import hashlib
+
+    deep: Any = ["bottom"]
+    for _ in range(300):
+        deep = {"d": deep}
+    for arguments in ({"x": 2.5e-07, "y": [1e-05, 123.5]}, {"n": 2**70, "m": -(2**64)}, deep):
+        expected = canonical_json({"operation": "op", "arguments": arguments})
+        assert fingerprint("op", arguments) == hashlib.sha256(expected.encode()).hexdigest()
+        decision = decide_key(KeyRecipe("derived"), explicit=None, arguments=arguments, **CONTEXT)
+        assert decision.fingerprint == fingerprint(CONTEXT["operation"], arguments)
+        assert decision.key == _whole_document_key(arguments)
+
+
+def _whole_document_key(arguments: Any) -> str:
+    import hashlib
+
+    document = {
+        "recipe": "derived",
+        "tenant": CONTEXT["tenant"],
+        "upstream": CONTEXT["upstream"],
+        "tool": CONTEXT["operation"],
+        "run_id": CONTEXT["run_id"],
+        "arguments": arguments,
+    }
+    return hashlib.sha256(canonical_json(document).encode()).hexdigest()
