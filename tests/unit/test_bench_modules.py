@@ -143,3 +143,33 @@ def test_the_ledger_goal_is_met_by_the_best_round_and_says_in_how_many() -> None
     assert rate_goal([10_000.0, 10_400.0], 10_000) == "≥ 10,000 (met; in 2 of 2 rounds)"
     assert rate_goal([9_999.0, 8_000.0, 9_100.0], 10_000) == "≥ 10,000 (NOT met; in 0 of 3 rounds)"
     assert rate_goal([], 5_000) == "≥ 5,000 (not measured)"
+
+
+def test_the_mcp_bench_says_what_the_side_effect_goal_leaves_beside_the_ledgers_floor() -> None:
+    """The note puts the goal's room for the pipeline beside what two bare durable commits cost
+    in the same run: at c=1 one pair through the writer thread, at c=32 64 pairs per commit."""
+    from bench.bench_mcp import Result, _room
+    from bench.ledger_floor import FloorResult
+
+    def cell(cpu_us: float) -> Result:
+        return Result(1000, 0, 1.0, cpu_us * 1000 / 1e6, [], 0)
+
+    results = {
+        (target, kind, n): cell(cpu)
+        for kind in ("read-only", "side-effecting")
+        for n in (1, 32)
+        for target, cpu in (("bare", 300.0), ("transport", 400.0))
+    }
+    floors = [
+        FloorResult("inline", 2000, 220.0),
+        FloorResult("handed", 1500, 360.0, through_thread=True),
+        FloorResult("grouped", 27000, 30.0, pairs_per_commit=64),
+    ]
+    side = _room(results, "side-effecting", 2.5, floors)
+    assert side[0].startswith("side-effecting@1: the goal leaves 350 µs for the pipeline")
+    assert "two durable commits take 360 µs" in side[0]
+    assert "writer thread" in side[0]
+    assert "two durable commits take 30 µs" in side[1]
+    assert "64 per commit" in side[1]
+    assert "commits" not in " ".join(_room(results, "read-only", 1.3, floors))
+    assert "commits" not in " ".join(_room(results, "side-effecting", 2.5, []))
