@@ -193,9 +193,9 @@ MUTANTS = (
         module="policies.keys",
         edits=(
             (
-                "    return _sha256(_dumps("
-                '{"operation": operation, "arguments": normal_arguments}))',
-                '    return _sha256(_dumps({"arguments": normal_arguments}))',
+                '    return _object_hash({"operation": _utf8(_string_text(operation)), '
+                '"arguments": arguments})',
+                '    return _object_hash({"arguments": arguments})',
             ),
         ),
         tests=(
