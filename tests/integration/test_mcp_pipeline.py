@@ -331,11 +331,13 @@ async def test_rate_limit_refuses_interactive_calls_over_the_rate(
     assert fresh.stats()["emails_total"] == 1
 
 
+@pytest.mark.parametrize("bad", ["NaN", '"\\ud800"'], ids=["nan", "lone-surrogate"])
 async def test_arguments_without_a_canonical_form_are_invalid_params_in_a_batch_too(
-    fresh: RunningUpstream, tmp_path: Path
+    fresh: RunningUpstream, tmp_path: Path, bad: str
 ):
-    """NaN has no canonical JSON: that element answers -32602; its batch sibling still runs and
-    gets its own answer."""
+    """NaN, or a lone surrogate (JSON text can escape one; UTF-8 cannot carry it), has no
+    canonical JSON: that element answers -32602 and is never sent; its batch sibling still runs
+    and gets its own answer."""
     async with running_proxy(config(fresh), tmp_path) as proxy, aiohttp.ClientSession() as http:
         raw = RawMcp(http, proxy.mcp_url("up"))
         await raw.initialize()
@@ -344,7 +346,7 @@ async def test_arguments_without_a_canonical_form_are_invalid_params_in_a_batch_
             '[{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": '
             '{"name": "send_email", "arguments": ' + json.dumps(good) + "}},"
             '{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": '
-            '{"name": "send_email", "arguments": {"to": "n@x", "subject": NaN}}}]'
+            '{"name": "send_email", "arguments": {"to": "n@x", "subject": ' + bad + "}}}]"
         )
         answer = await raw.post(batch.encode())
     assert answer.status == 200
