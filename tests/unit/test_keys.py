@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import unicodedata
 from typing import Any
@@ -89,8 +90,6 @@ def test_canonical_json_refuses_non_json() -> None:
 
 def test_fingerprint_is_sha256_of_the_canonical_operation_and_arguments() -> None:
     """The fingerprint is the hex sha256 of canonical JSON of the operation and the arguments."""
-    import hashlib
-
     expected = hashlib.sha256(b'{"arguments":{"a":1,"b":2},"operation":"charge"}').hexdigest()
     assert fingerprint("charge", {"b": 2, "a": 1}) == expected
 
@@ -233,22 +232,10 @@ def test_derived_keys_and_fingerprints_stay_the_same_across_versions() -> None:
 def test_derived_key_is_the_hash_of_its_canonical_document(value: Any, run_id: str) -> None:
     """Whatever the arguments: key = sha256(canonical JSON of the recipe's document), and the
     fingerprint = sha256(canonical JSON of the operation and the arguments)."""
-    import hashlib
-
     context = {**CONTEXT, "run_id": unicodedata.normalize("NFD", run_id) or None}
     decision = decide_key(KeyRecipe(mode="derived"), explicit=None, arguments=value, **context)
-    document = {
-        "recipe": "derived",
-        "tenant": context["tenant"],
-        "upstream": context["upstream"],
-        "tool": context["operation"],
-        "run_id": context["run_id"],
-        "arguments": value,
-    }
-    expected = hashlib.sha256(canonical_json(document).encode()).hexdigest()
-    assert decision.key == expected
-    whole = {"operation": context["operation"], "arguments": value}
-    expected_print = hashlib.sha256(canonical_json(whole).encode()).hexdigest()
+    assert decision.key == _whole_document_key(value, run_id=context["run_id"])
+    expected_print = _digest({"operation": context["operation"], "arguments": value})
     assert decision.fingerprint == expected_print == fingerprint(context["operation"], value)
 
 
@@ -256,59 +243,51 @@ def test_derived_key_is_the_hash_of_its_canonical_document(value: Any, run_id: s
 def test_fields_key_is_the_hash_of_its_canonical_document(value: dict[str, Any]) -> None:
     """The `fields` recipe's key hashes the same context with only the named fields (a missing
     one as null): the whole document's canonical JSON, however the key is put together."""
-    import hashlib
-
     decision = decide_key(
         KeyRecipe("fields", ("to", "cc")), explicit=None, arguments=value, **CONTEXT
     )
-    document = {
-        "recipe": "fields",
-        "tenant": CONTEXT["tenant"],
-        "upstream": CONTEXT["upstream"],
-        "tool": CONTEXT["operation"],
-        "run_id": CONTEXT["run_id"],
-        "fields": {"to": value.get("to"), "cc": value.get("cc")},
-    }
-    assert decision.key == hashlib.sha256(canonical_json(document).encode()).hexdigest()
+    picked = {"to": value.get("to"), "cc": value.get("cc")}
+    assert decision.key == _whole_document_key(picked, recipe="fields")
 
 
 def test_every_character_is_written_as_the_canonical_form_writes_it() -> None:
     """Strings hash as the standard library writes them, whichever encoder writes them: every
     code point (but the surrogates JSON text cannot carry), as a key and as a value."""
-    import hashlib
-
     text = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
     arguments = {text[i : i + 512]: text[i : i + 512] for i in range(0, len(text), 512)}
-    expected = canonical_json({"operation": "op", "arguments": arguments})
-    assert fingerprint("op", arguments) == hashlib.sha256(expected.encode()).hexdigest()
+    assert fingerprint("op", arguments) == _digest({"operation": "op", "arguments": arguments})
     assert _key(KeyRecipe("derived"), arguments) == _whole_document_key(arguments)
 
 
 def test_floats_integers_beyond_64_bits_and_deep_nesting_keep_their_canonical_text() -> None:
     """`2.5e-07` stays `2.5e-07` (not `2.5e-7`), an integer beyond 64 bits and a value nested
     deeper than fast encoders go are written whole: the key of a call never changes with them."""
-    import hashlib
-
     deep: Any = ["bottom"]
     for _ in range(300):
         deep = {"d": deep}
     for arguments in ({"x": 2.5e-07, "y": [1e-05, 123.5]}, {"n": 2**70, "m": -(2**64)}, deep):
-        expected = canonical_json({"operation": "op", "arguments": arguments})
-        assert fingerprint("op", arguments) == hashlib.sha256(expected.encode()).hexdigest()
+        expected = _digest({"operation": "op", "arguments": arguments})
+        assert fingerprint("op", arguments) == expected
         decision = decide_key(KeyRecipe("derived"), explicit=None, arguments=arguments, **CONTEXT)
         assert decision.fingerprint == fingerprint(CONTEXT["operation"], arguments)
         assert decision.key == _whole_document_key(arguments)
 
 
-def _whole_document_key(arguments: Any) -> str:
-    import hashlib
-
+def _whole_document_key(
+    arguments: Any, *, run_id: str | None = CONTEXT["run_id"], recipe: str = "derived"
+) -> str:
+    """The key as the whole document's hash: what `decide_key` must give however it builds it
+    (the `fields` recipe's document carries its picked fields as `fields`)."""
     document = {
-        "recipe": "derived",
+        "recipe": recipe,
         "tenant": CONTEXT["tenant"],
         "upstream": CONTEXT["upstream"],
         "tool": CONTEXT["operation"],
-        "run_id": CONTEXT["run_id"],
-        "arguments": arguments,
+        "run_id": run_id,
+        "fields" if recipe == "fields" else "arguments": arguments,
     }
-    return hashlib.sha256(canonical_json(document).encode()).hexdigest()
+    return _digest(document)
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
