@@ -120,6 +120,9 @@ class Scope:
 
     name: str
     limits: Limits
+    reserve: int = field(compare=False)
+    """Slots only critical calls may take (`critical_reserve` of `limits.max_running`): fixed by
+    the configuration, so worked out once where the scope is built, not on every decision."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,22 +219,31 @@ def band_of(config: Config, work_class: WorkClass) -> ClassBand:
     return config.classes.get(work_class) or DEFAULT_BANDS[work_class]
 
 
+def _scope(config: Config, name: str, limits: Limits) -> Scope:
+    limit = limits.max_running
+    return Scope(name, limits, 0 if limit is None else critical_reserve(config, limit))
+
+
 def tenant_scope(config: Config, tenant: str) -> Scope:
     """The tenant's own scope, as every call of the tenant touches it."""
-    return Scope(f"tenant:{tenant}", config.scope_limits("tenant"))
+    return _scope(config, f"tenant:{tenant}", config.scope_limits("tenant"))
 
 
 def scopes_for(config: Config, request: AdmissionRequest) -> tuple[Scope, ...]:
     """Every scope a call touches, broadest first."""
-    scopes = [Scope("global", config.scope_limits("global")), tenant_scope(config, request.tenant)]
+    scopes = [
+        _scope(config, "global", config.scope_limits("global")),
+        tenant_scope(config, request.tenant),
+    ]
     if request.run_id is not None:
-        scopes.append(Scope(f"run:{request.run_id}", config.scope_limits("run")))
+        scopes.append(_scope(config, f"run:{request.run_id}", config.scope_limits("run")))
     spec = config.upstreams.get(request.upstream)
-    scopes.append(Scope(f"upstream:{request.upstream}", spec.limits if spec else Limits()))
+    upstream_limits = spec.limits if spec else Limits()
+    scopes.append(_scope(config, f"upstream:{request.upstream}", upstream_limits))
     if request.cost_class is not None and request.cost_class in config.cost_classes:
         cost = config.cost_classes[request.cost_class]
-        scopes.append(Scope(f"cost_class:{request.cost_class}", cost))
-    scopes.append(Scope(f"class:{request.work_class}", Limits()))
+        scopes.append(_scope(config, f"cost_class:{request.cost_class}", cost))
+    scopes.append(_scope(config, f"class:{request.work_class}", Limits()))
     return tuple(scopes)
 
 
@@ -311,7 +323,7 @@ def has_room(
     unfilled = live_reserve(config, scope, band, load) if deferred else 0
     if band == "critical":
         return running + unfilled < limit
-    unfilled += max(0, critical_reserve(config, limit) - load.running_class(scope.name, "critical"))
+    unfilled += max(0, scope.reserve - load.running_class(scope.name, "critical"))
     return running + 1 + unfilled <= limit
 
 
@@ -395,19 +407,20 @@ def decide_entry(
         if paused is not None:
             retry = bounded_retry_after(config, PAUSED_RETRY_AFTER_S)
             return Reject(Refusal("paused", paused.name, retry))
-    patience = patience_s(config, request.work_class, scopes)
-    full = _full_queue(state, scopes)
     until = state.cooldown_until.get(request.upstream, -math.inf)
     if until > now:
-        if patience > 0 and until < request.deadline and full is None:
+        patience = patience_s(config, request.work_class, scopes)
+        if patience > 0 and until < request.deadline and _full_queue(state, scopes) is None:
             return WaitCooldown(until, scopes)
         retry = bounded_retry_after(config, until - now, floor=_MIN_COOLDOWN_RETRY_S)
         return Reject(Refusal("cooldown", f"upstream:{request.upstream}", retry))
     blocked = blocking_scope(
         config, state, Load(state), scopes, request.work_class, deferred=request.deferred
     )
-    if blocked is None:
+    if blocked is None:  # the common case: patience and queues only matter to a call that waits
         return Admit(scopes)
+    patience = patience_s(config, request.work_class, scopes)
+    full = _full_queue(state, scopes)
     if patience <= 0:
         retry = bounded_retry_after(config, blocked[1])
         return Reject(Refusal("overloaded", blocked[0].name, retry))

@@ -183,10 +183,13 @@ class AdmissionBook:
         """Count a call as running in all its scopes (and, in each scope with a running limit,
         in its band: only those scopes' band counts are ever read)."""
         band = request.work_class
-        for scope in scopes:
-            _bump(self._running, scope.name, 1)
+        running, by_class = self._running, self._running_class
+        for scope in scopes:  # counts never go below 0, so one more is never 0: no pop needed
+            name = scope.name
+            running[name] = running.get(name, 0) + 1
             if scope.limits.max_running is not None:
-                _bump(self._running_class, (scope.name, band), 1)
+                key = (name, band)
+                by_class[key] = by_class.get(key, 0) + 1
         return Running(request, scopes, now)
 
     def finish(self, running: Running, now: float, *, sample: bool = True) -> None:
@@ -195,12 +198,15 @@ class AdmissionBook:
         band = running.request.work_class
         duration = max(now - running.started_at, 0.0)
         for scope in running.scopes:
-            _bump(self._running, scope.name, -1)
+            name = scope.name
+            _bump(self._running, name, -1)
             limits = scope.limits
             if limits.max_running is not None:
-                _bump(self._running_class, (scope.name, band), -1)
-            if sample and (limits.max_running is not None or limits.max_pending is not None):
-                self._sample(scope.name, duration)
+                _bump(self._running_class, (name, band), -1)
+                if sample:
+                    self._sample(name, duration)
+            elif sample and limits.max_pending is not None:
+                self._sample(name, duration)
         self._index.unpark(running.request.tenant)  # its own scope has room again
 
     def _sample(self, scope: str, duration: float) -> None:
@@ -240,6 +246,11 @@ class AdmissionBook:
             return False
         self._leave_band(waiter, served=False)
         return True
+
+    @property
+    def waiting(self) -> bool:
+        """Whether any call is queued (there is something for `dispatch` to look at)."""
+        return bool(self._waiters)
 
     def dispatch(self, now: float) -> Dispatched:
         """Start every queued call that may start now (refusing expired queue heads met on the

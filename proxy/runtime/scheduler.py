@@ -290,7 +290,8 @@ class Scheduler:
 
     def _finish(self, running: Running, *, sample: bool) -> None:
         self._book.finish(running, self._clock(), sample=sample)
-        self._dispatch()
+        if self._book.waiting:  # most calls end with nobody queued: nothing to dispatch
+            self._dispatch()
 
     def _dispatch(self) -> None:
         result = self._book.dispatch(self._clock())
