@@ -41,6 +41,8 @@ _SOURCES = {
     "deadline": ("x-interlock-deadline-ms", "interlock/deadline-ms"),
 }
 _MAX_LENGTH = {"tenant": 128, "class": 128, "run": 128, "idempotency_key": 255, "deadline": 32}
+_HEADERS = frozenset(header for header, _ in _SOURCES.values())
+_META_KEYS = frozenset(meta_key for _, meta_key in _SOURCES.values())
 
 
 class BadAttribute(ValueError):
@@ -123,8 +125,29 @@ def read_attributes(
             that is no positive finite number); `TenantMismatch` for another tenant's name.
         CallerRefused: API keys are configured and the caller's key is missing or unknown.
     """
-    hdrs = _lower(headers)
     meta = meta or {}
+    if (
+        not config.tenant_api_keys
+        and _META_KEYS.isdisjoint(meta)
+        and _HEADERS.isdisjoint(map(str.lower, headers))
+    ):
+        return _defaults(config)  # most calls name none: they all get the same values
+    return _read(config, _lower(headers), meta)
+
+
+_last_defaults: tuple[Config, RequestAttributes] | None = None
+
+
+def _defaults(config: Config) -> RequestAttributes:
+    """What a call that names no attribute gets under `config` (read once per configuration)."""
+    global _last_defaults
+    last = _last_defaults
+    if last is None or last[0] is not config:
+        last = _last_defaults = (config, _read(config, {}, {}))
+    return last[1]
+
+
+def _read(config: Config, hdrs: Mapping[str, str], meta: Mapping[str, Any]) -> RequestAttributes:
     claimed = _pick("tenant", hdrs, meta)
     keyed = key_tenant(config, hdrs) if config.tenant_api_keys else None
     if keyed is not None and claimed is not None and claimed != keyed:

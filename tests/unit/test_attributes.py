@@ -6,7 +6,7 @@ import pytest
 
 from policies.attributes import BadAttribute, TenantMismatch, read_attributes
 from policies.identity import CallerRefused, key_tenant
-from policies.model import Config, UpstreamSpec
+from policies.model import Config, Defaults, UpstreamSpec
 
 CONFIG = Config(upstreams={"up": UpstreamSpec("up", "http", url="http://127.0.0.1:9")})
 
@@ -104,3 +104,22 @@ def test_callers_without_a_known_key_are_refused(headers: dict[str, str], reason
         key_tenant(KEYED, {k.lower(): v for k, v in headers.items()})
     assert caught.value.reason == reason
     assert caught.value.status == (403 if reason == "tenant_mismatch" else 401)
+
+
+def test_a_call_that_names_nothing_gets_its_own_configurations_defaults() -> None:
+    """The values of a call that names no attribute are read once per configuration: a second
+    configuration (a reload) gets its own defaults, not the first one's, and a call that does
+    name one, in any case, in a header or in `_meta`, is still read."""
+    other = Config(
+        upstreams=CONFIG.upstreams,
+        defaults=Defaults(work_class="background", deadline_s=5.0),
+    )
+    plain = {"Accept": "application/json", "Content-Type": "application/json"}
+    for config, expected in ((CONFIG, ("interactive", 60.0)), (other, ("background", 5.0))):
+        for _ in range(2):
+            attrs = read_attributes(config, plain, {"progressToken": 1})
+            assert (attrs.tenant, attrs.work_class, attrs.deadline_s) == ("default", *expected)
+            assert (attrs.run_id, attrs.idempotency_key) == (None, None)
+    assert read_attributes(other, {**plain, "x-INTERLOCK-run": "r1"}).run_id == "r1"
+    assert read_attributes(other, plain, {"interlock/class": "bulk"}).work_class == "bulk"
+    assert read_attributes(CONFIG, plain).work_class == "interactive"
