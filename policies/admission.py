@@ -366,6 +366,8 @@ def blocking_scope(
     """The full scope with the longest estimated wait, and that wait; None when all have room."""
     worst: tuple[Scope, float] | None = None
     for scope in scopes:
+        if scope.limits.max_running is None:  # no running limit: always room (`has_room`)
+            continue
         if not has_room(config, scope, band, load, deferred=deferred):
             wait = _estimated_wait_s(state, scope)
             if worst is None or wait > worst[1]:
