@@ -115,6 +115,12 @@ def http_span_name(method: str, route: str | None = None) -> str:
 def _incoming_context(
     headers: Mapping[str, str] | None, meta: Mapping[str, Any] | None
 ) -> otel_context.Context | None:
+    if (
+        not (meta and isinstance(meta.get("traceparent"), str))
+        and isinstance(headers, CIMultiDictProxy | CIMultiDict)
+        and "traceparent" not in headers
+    ):
+        return None  # the common case, decided in two look-ups: no trace context was sent
     carrier: dict[str, str] = {}
     if meta:
         carrier.update({k: meta[k] for k in _TRACE_META_KEYS if isinstance(meta.get(k), str)})

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from policies.model import TelemetrySettings
+from policies.model import TelemetrySettings, UpstreamSpec
+from proxy.mcp.transport.spans import traced
+from proxy.mcp.wire.jsonrpc import parse_body
 from proxy.telemetry import metrics
 from proxy.telemetry.sdk import TelemetryHandle, active_handle, configure_telemetry
 
@@ -275,3 +280,29 @@ def test_per_call_histograms_keep_one_series_per_label_set(handle: TelemetryHand
     common = {"gen_ai_tool_name": "send_email", "mcp_method_name": "tools/call"}
     assert value(duration, upstream="mail", **common) == 1
     assert value(duration, upstream="mail", error_type="tool_error", **common) == 1
+
+
+def test_every_proxied_mcp_call_is_timed_once_with_how_it_ended(handle: TelemetryHandle) -> None:
+    """`spans.traced` times each call once: an answer counts without an error type, an error
+    answer under its reason, and an exception leaving the block under its class name, and the
+    exception still reaches the caller."""
+    spec = UpstreamSpec("mail", "mcp_http", url="http://127.0.0.1:9/mcp")
+    headers = CIMultiDictProxy(CIMultiDict({"Content-Type": "application/json"}))
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "send"}}
+    message = parse_body(json.dumps(call).encode()).single
+
+    def traced_call() -> Any:
+        return traced(message, spec, headers, session_id=None, protocol_version="2026-07-28")
+
+    with traced_call() as outcome:
+        outcome.response({"jsonrpc": "2.0", "id": 1, "result": {}})
+    with traced_call() as outcome:
+        outcome.response({"jsonrpc": "2.0", "id": 1, "error": {"code": -32001, "data": {}}})
+    with pytest.raises(ConnectionResetError), traced_call():
+        raise ConnectionResetError("upstream went away")
+    counts = {
+        dict(labels).get("error_type"): value
+        for (name, labels), value in scrape(handle).items()
+        if name == "mcp_server_operation_duration_seconds_count"
+    }
+    assert counts == {None: 1, "-32001": 1, "ConnectionResetError": 1}

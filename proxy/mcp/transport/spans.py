@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
+
+from opentelemetry.trace import Span
 
 from policies.model import UpstreamSpec
 from proxy.mcp.wire.jsonrpc import Message
@@ -69,7 +72,6 @@ def _attributes(
     return attributes
 
 
-@contextmanager
 def traced(
     message: Message,
     spec: UpstreamSpec,
@@ -77,27 +79,51 @@ def traced(
     *,
     session_id: str | None,
     protocol_version: str | None,
-) -> Iterator[CallOutcome]:
-    """The SERVER span and duration metric of one proxied request or notification."""
+) -> _Traced:
+    """The SERVER span and duration metric of one proxied request or notification: `with
+    traced(...) as outcome:` (an exception leaving the block is the call's error type)."""
     method = message.method or "response"
     tool = message.params.get("name") if method == "tools/call" else None
     target = tool if isinstance(tool, str) else spec.name
-    outcome = CallOutcome()
-    started = time.perf_counter()
-    with call_span(
+    span = call_span(
         mcp_span_name(method, target),
         attributes=lambda: _attributes(message, spec, method, target, session_id, protocol_version),
         headers=headers,
         meta=message.meta,
-    ) as span:
+    )
+    return _Traced(method, spec.name, span)
+
+
+class _Traced:
+    """What `traced` returns: a class, not a generator-based context manager (it wraps every
+    proxied call, and a generator's set-up costs more than the timing and the metric it runs)."""
+
+    __slots__ = ("_entered", "_method", "_span", "_started", "_upstream", "outcome")
+
+    def __init__(self, method: str, upstream: str, span: AbstractContextManager[Span]) -> None:
+        self._method = method
+        self._upstream = upstream
+        self._span = span
+        self.outcome = CallOutcome()
+
+    def __enter__(self) -> CallOutcome:
+        self._entered = self._span.__enter__()  # current until `__exit__`
+        self._started = time.perf_counter()
+        return self.outcome
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        elapsed = time.perf_counter() - self._started
+        outcome = self.outcome
         try:
-            yield outcome
-        except BaseException as exc:
-            outcome.error_type = type(exc).__qualname__
-            raise
-        finally:
+            if exc_type is not None:
+                outcome.error_type = exc_type.__qualname__
             if outcome.error_type is not None:
-                mark_error(span, outcome.error_type)
-            metrics.operation_duration(
-                method, spec.name, time.perf_counter() - started, outcome.error_type
-            )
+                mark_error(self._entered, outcome.error_type)
+            metrics.operation_duration(self._method, self._upstream, elapsed, outcome.error_type)
+        finally:
+            self._span.__exit__(exc_type, exc, tb)
