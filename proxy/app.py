@@ -17,7 +17,6 @@ from ledger import LedgerError, LedgerStore
 from policies.budget import RetryBudgets
 from policies.classify import ToolClassifier
 from policies.model import Config
-from proxy.edge import edge_guard
 from proxy.http.deferred_run import register_http_runner
 from proxy.http.jobs import setup_jobs
 from proxy.http.routes import setup_http
@@ -57,7 +56,7 @@ def default_replica_id() -> str:
 
 def create_app(config: Config, *, replica_id: str | None = None) -> web.Application:
     """Build the proxy application for `config` (nothing is opened until the app starts)."""
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[edge_guard])
+    app = web.Application(client_max_size=config.max_body_bytes)  # no middleware: `guarded`
     app[CONFIG] = config
     app[REPLICA_ID] = replica_id or default_replica_id()
     app[RUNTIME] = Runtime()

@@ -8,10 +8,18 @@ every server, done here because the proxy does not forward `Origin` or `Host` up
 upstream's own check cannot fire). `/healthz`, `/readyz` and `/metrics` are not guarded: probes
 and scrapers name the pod's address, and they change nothing. The decisions are
 `policies.edge`'s; this module only reads the headers and answers.
+
+The check is a wrapper on each guarded route (`guarded`), not an application middleware: aiohttp
+runs every middleware, and one of its own once there is any, as one more coroutine around every
+request. A request that matches no route is answered 404/405 by aiohttp before any check (it
+reaches nothing to protect). The wrapper also watches a body that is still arriving
+(`proxy.listener.BodyWatch`).
 """
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -19,9 +27,10 @@ from aiohttp import web
 from policies.answers import CODE_INVALID_REQUEST, Answer, bad_request
 from policies.edge import host_allowed, origin_allowed
 from policies.identity import CallerRefused, key_tenant
+from proxy.listener import BODY_WATCH
 from proxy.state import CONFIG
 
-__all__ = ["GUARDED_PREFIXES", "edge_guard"]
+__all__ = ["GUARDED_PREFIXES", "guarded", "is_guarded"]
 
 GUARDED_PREFIXES = ("/mcp/", "/http/", "/jobs/", "/admin")
 
@@ -44,13 +53,44 @@ def _own_host(request: web.Request) -> str | None:
     return request.headers.get("Host")
 
 
-@web.middleware
-async def edge_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Refuse foreign browser origins (403) and foreign Host names (421) on the guarded routes."""
-    if not request.path.startswith(GUARDED_PREFIXES):
-        return await handler(request)
+# Every guarded request asks, and clients send the same few Host values: the verdict is kept
+# (bounded: a client may send any Host, and then it is merely worked out again).
+_host_allowed = functools.lru_cache(maxsize=256)(host_allowed)
+
+
+def guarded(handler: Handler) -> Handler:
+    """`handler` behind the edge (register every route under `GUARDED_PREFIXES` with it)."""
+
+    async def behind_the_edge(request: web.Request) -> web.StreamResponse:
+        refused = _refusal_at_the_edge(request)
+        if refused is not None:
+            return refused
+        if not request.body_exists or request.content.is_eof():
+            return await handler(request)
+        watch = request.app[BODY_WATCH]  # a body still arriving: closed if it stalls
+        key = watch.add(request)
+        try:
+            return await handler(request)
+        finally:
+            watch.remove(key)
+
+    _GUARDED.add(behind_the_edge)
+    return functools.update_wrapper(behind_the_edge, handler)
+
+
+def is_guarded(handler: Callable[..., object]) -> bool:
+    """Whether `handler` is one `guarded` made (for the test that every guarded route is)."""
+    return handler in _GUARDED
+
+
+_GUARDED: weakref.WeakSet[Callable[..., object]] = weakref.WeakSet()
+
+
+def _refusal_at_the_edge(request: web.Request) -> web.Response | None:
+    """Foreign browser origins (403), foreign Host names (421), a missing or unknown API key
+    (401) or another tenant's name (403); None when the request may go on."""
     config = request.app[CONFIG]
-    if not host_allowed(request.headers.get("Host"), config.edge, config.listen_host):
+    if not _host_allowed(request.headers.get("Host"), config.edge, config.listen_host):
         return _refusal(
             request,
             bad_request(
@@ -60,7 +100,8 @@ async def edge_guard(request: web.Request, handler: Handler) -> web.StreamRespon
                 http_status=421,
             ),
         )
-    if not origin_allowed(request.headers.get("Origin"), config.edge, _own_host(request)):
+    origin = request.headers.get("Origin")
+    if origin is not None and not origin_allowed(origin, config.edge, _own_host(request)):
         return _refusal(
             request,
             bad_request(
@@ -83,4 +124,4 @@ async def edge_guard(request: web.Request, handler: Handler) -> web.StreamRespon
             if refused.status == 401:
                 response.headers["WWW-Authenticate"] = 'Bearer realm="interlock"'
             return response
-    return await handler(request)
+    return None

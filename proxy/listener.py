@@ -18,7 +18,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
@@ -27,11 +27,9 @@ from aiohttp.web_protocol import RequestHandler
 from policies.model import Config
 from proxy.state import CONFIG
 
-__all__ = ["BODY_WATCH", "BodyWatch", "body_watch_middleware", "setup_body_watch", "start_runner"]
+__all__ = ["BODY_WATCH", "BodyWatch", "setup_body_watch", "start_runner"]
 
 log = logging.getLogger("interlock.listener")
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _refusal_bytes() -> bytes:
@@ -137,23 +135,9 @@ class BodyWatch:
 BODY_WATCH = web.AppKey("body_watch", BodyWatch)
 
 
-@web.middleware
-async def body_watch_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Watch the body of every request that has one still to arrive."""
-    if not request.body_exists or request.content.is_eof():
-        return await handler(request)
-    watch = request.app[BODY_WATCH]
-    key = watch.add(request)
-    try:
-        return await handler(request)
-    finally:
-        watch.remove(key)
-
-
 def setup_body_watch(app: web.Application) -> None:
     """Install the body watch (the app's `CONFIG` must be set)."""
     app[BODY_WATCH] = BodyWatch(app[CONFIG].edge.body_timeout_s)
-    app.middlewares.append(body_watch_middleware)
     app.cleanup_ctx.append(_watch_ctx)
 
 

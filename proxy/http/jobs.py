@@ -28,6 +28,7 @@ from policies.attributes import BadAttribute, read_attributes
 from policies.deferral import full_refusal, task_state, too_large, without_respond_async
 from policies.keys import KeyDecision, decide_key
 from policies.model import KeyRecipe
+from proxy.edge import guarded
 from proxy.http.context import HttpCall
 from proxy.http.downstream import answer_response
 from proxy.http.headers import request_headers
@@ -45,8 +46,8 @@ _PENDING = frozenset({"accepted", "running"})
 
 def setup_jobs(app: web.Application) -> None:
     """Add `GET` and `DELETE /jobs/{id}`."""
-    app.router.add_get("/jobs/{task_id}", get_job, allow_head=False)
-    app.router.add_delete("/jobs/{task_id}", delete_job)
+    app.router.add_get("/jobs/{task_id}", guarded(get_job), allow_head=False)
+    app.router.add_delete("/jobs/{task_id}", guarded(delete_job))
 
 
 # ------------------------------------------------------------------------ accepting a job

@@ -26,6 +26,7 @@ from policies.classify import Classification, classify_http
 from policies.deferral import prefers_async
 from policies.json_limits import MAX_JSON_DEPTH, nests_deeper_than
 from policies.token_budget import TokenBudget
+from proxy.edge import guarded
 from proxy.http.downstream import Downstream
 from proxy.http.paths import UnsafePath, split_route, upstream_target
 from proxy.http.pipeline import TOKEN_BUDGET, HttpCall, run_http_call
@@ -55,8 +56,8 @@ def setup_http(app: web.Application) -> None:
         functools.partial(classify_http, app[CONFIG])
     )
     app[_CLASSIFIED] = classify
-    app.router.add_route("*", "/http/{upstream}", handle_http)
-    app.router.add_route("*", "/http/{upstream}/{path:.*}", handle_http)
+    app.router.add_route("*", "/http/{upstream}", guarded(handle_http))
+    app.router.add_route("*", "/http/{upstream}/{path:.*}", guarded(handle_http))
     app.cleanup_ctx.append(_upstream_pools)
 
 

@@ -7,6 +7,7 @@ it, `/admin` answers only to loopback callers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hmac
 import ipaddress
 import os
@@ -25,7 +26,10 @@ from ledger import (
     entry_json,
     transition_json,
 )
+from proxy.edge import guarded
 from proxy.state import CONFIG, LEDGER, SCHEDULER
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 __all__ = ["setup"]
 
@@ -51,27 +55,29 @@ def _error(status: int, reason: str, message: str) -> web.Response:
     )
 
 
-@web.middleware
-async def _guard(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    if not request.path.startswith("/admin"):
-        return await handler(request)
-    denied = _check_access(request)
-    if denied is not None:
-        return denied
-    if request.method == "POST" and request.content_type != "application/json":
-        # A browser can send a cross-site POST without a preflight only as a "simple" request
-        # (text/plain, form data, or no body): requiring JSON makes every admin write preflighted.
-        return _error(
-            415, "unsupported_media_type", "admin POSTs need Content-Type: application/json"
-        )
-    try:
-        return await handler(request)
-    except _LedgerDown as exc:
-        return _error(503, "ledger_unavailable", str(exc))
-    except LedgerError as exc:
-        return _error(503, "ledger_error", str(exc))
+def _operator(handler: Handler) -> Handler:
+    """An `/admin` route: its access checked (`_check_access`), a POST required to be JSON, and
+    the ledger's failures answered 503 (behind `proxy.edge.guarded`, as every route here is)."""
+
+    async def checked(request: web.Request) -> web.StreamResponse:
+        denied = _check_access(request)
+        if denied is not None:
+            return denied
+        if request.method == "POST" and request.content_type != "application/json":
+            # A browser can send a cross-site POST without a preflight only as a "simple"
+            # request (text/plain, form data, or no body): requiring JSON makes every admin
+            # write preflighted.
+            return _error(
+                415, "unsupported_media_type", "admin POSTs need Content-Type: application/json"
+            )
+        try:
+            return await handler(request)
+        except _LedgerDown as exc:
+            return _error(503, "ledger_unavailable", str(exc))
+        except LedgerError as exc:
+            return _error(503, "ledger_error", str(exc))
+
+    return guarded(functools.update_wrapper(checked, handler))
 
 
 def _check_access(request: web.Request) -> web.Response | None:
@@ -191,11 +197,10 @@ async def end_cooldown(request: web.Request) -> web.Response:
 
 
 def setup(app: web.Application) -> None:
-    app.middlewares.append(_guard)
-    app.router.add_get("/admin/stats", stats)
-    app.router.add_get("/admin/ledger", list_entries)
-    app.router.add_get("/admin/ledger/{ref}", show_entry)
-    app.router.add_post("/admin/ledger/{ref}/resolve", resolve_entry)
-    app.router.add_post("/admin/scopes/{scope}/pause", pause_scope)
-    app.router.add_post("/admin/scopes/{scope}/resume", resume_scope)
-    app.router.add_post("/admin/upstreams/{upstream}/end-cooldown", end_cooldown)
+    app.router.add_get("/admin/stats", _operator(stats))
+    app.router.add_get("/admin/ledger", _operator(list_entries))
+    app.router.add_get("/admin/ledger/{ref}", _operator(show_entry))
+    app.router.add_post("/admin/ledger/{ref}/resolve", _operator(resolve_entry))
+    app.router.add_post("/admin/scopes/{scope}/pause", _operator(pause_scope))
+    app.router.add_post("/admin/scopes/{scope}/resume", _operator(resume_scope))
+    app.router.add_post("/admin/upstreams/{upstream}/end-cooldown", _operator(end_cooldown))

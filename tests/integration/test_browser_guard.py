@@ -10,6 +10,9 @@ import aiohttp
 import pytest
 
 from ledger import ClaimRequest
+from policies.config import parse_config_text
+from proxy.app import create_app
+from proxy.edge import GUARDED_PREFIXES, is_guarded
 from tests.integration import fake_provider
 from tests.integration.fake_provider import FakeProvider, running_provider
 from tests.integration.mcp_servers import RunningUpstream, running_upstream
@@ -231,3 +234,19 @@ async def test_the_job_routes_are_guarded_like_http(tmp_path: Path, provider: Fa
             assert answer.status == 421
         async with http.get(job) as answer:
             assert answer.status == 404
+
+
+def test_every_route_under_a_guarded_prefix_is_behind_the_edge(tmp_path: Path) -> None:
+    """The edge is a wrapper on each route, not a middleware: every route the application
+    registers under `/mcp/`, `/http/`, `/jobs/` or `/admin` has it (a route added without it
+    would answer browsers and foreign Host names), and no other route does."""
+    app = create_app(parse_config_text(_config("http://127.0.0.1:9/mcp", "http://127.0.0.1:9")))
+    assert not app.middlewares
+    paths = {}
+    for route in app.router.routes():
+        path = route.resource.canonical if route.resource is not None else ""
+        paths.setdefault(path, set()).add(is_guarded(route.handler))
+    guarded = {path for path in paths if path.startswith(GUARDED_PREFIXES)}
+    assert {"/mcp/{upstream}", "/http/{upstream}", "/jobs/{task_id}", "/admin/stats"} <= guarded
+    for path, verdicts in paths.items():
+        assert verdicts == {path in guarded}, path

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from policies.answers import CODE_INVALID_REQUEST, Answer, bad_request
 from policies.model import UpstreamSpec
+from proxy.edge import guarded
 from proxy.errors import UpstreamError
 from proxy.mcp.transport.batch import handle_batch
 from proxy.mcp.transport.context import PostContext, answer_response
@@ -61,9 +62,9 @@ def setup_mcp(
         ),
         watcher=DisconnectWatcher(disconnect_poll_s),
     )
-    app.router.add_post("/mcp/{upstream}", _post)
-    app.router.add_get("/mcp/{upstream}", _get, allow_head=False)
-    app.router.add_delete("/mcp/{upstream}", _delete)
+    app.router.add_post("/mcp/{upstream}", guarded(_post))
+    app.router.add_get("/mcp/{upstream}", guarded(_get), allow_head=False)
+    app.router.add_delete("/mcp/{upstream}", guarded(_delete))
     app.cleanup_ctx.append(_transport_ctx)
 
 
