@@ -115,10 +115,19 @@ def test_headers_interpolate_environment_variables():
     [
         ('x-api-key: "${KEY}"', {"KEY": "secret\r\nX-Injected: 1"}, "line break"),
         ('x-static: "a\\nb"', {}, "line break"),
+        ('x-static: "a\\rb"', {}, "line break"),
+        ('x-api-key: "${KEY}"', {"KEY": "sec\x00ret"}, "line break"),
         ('"x api key": v', {}, "not a header name"),
         ('"x-clé": v', {}, "not a header name"),
     ],
-    ids=["interpolated-crlf", "literal-newline", "space-in-name", "non-ascii-name"],
+    ids=[
+        "interpolated-crlf",
+        "literal-newline",
+        "literal-carriage-return",
+        "interpolated-nul",
+        "space-in-name",
+        "non-ascii-name",
+    ],
 )
 def test_a_header_that_cannot_be_sent_as_it_is_is_a_config_error(
     header: str, env: dict[str, str], why: str
