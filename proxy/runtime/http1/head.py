@@ -103,14 +103,15 @@ def parse_response_head(head: bytes, *, method: str) -> ResponseHead:
     reason = (matched.group(3) or b"").decode("latin-1")
     pairs: list[tuple[str, str]] = []
     if rest:
-        for line in rest.split(b"\r\n"):
-            raw_name, colon, value = line.partition(b":")
-            name = raw_name.decode("latin-1")
+        # Decoded once: a name must be a token (ASCII), so it reads the same in any decoding,
+        # and a value's bytes that are not UTF-8 are kept as they came (surrogateescape).
+        for line in rest.decode("utf-8", "surrogateescape").split("\r\n"):
+            name, colon, value = line.partition(":")
             if not colon or not is_header_name(name):
                 # includes obsolete line folding (a line starting with whitespace), which RFC
                 # 9112 lets a client refuse, and whitespace before the colon, which it must
                 raise BadAnswer("a malformed header line in the answer")
-            pairs.append((name, value.strip(b" \t").decode("utf-8", "surrogateescape")))
+            pairs.append((name, value.strip(" \t")))
     headers = CIMultiDictProxy(CIMultiDict(pairs))
     connection = {t.strip().lower() for v in headers.getall("Connection", ()) for t in v.split(",")}
     keep_alive = "close" not in connection and (minor == b"1" or "keep-alive" in connection)
