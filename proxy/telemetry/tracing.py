@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
 from typing import Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -44,6 +45,9 @@ _NO_SPAN = nullcontext(INVALID_SPAN)  # reusable: entering it does nothing
 _TRACE_META_KEYS = ("traceparent", "tracestate", "baggage")
 _tracer: Tracer = trace.get_tracer(_SCOPE)
 _on = True  # until a provider is bound: the global one may become a real SDK provider
+# Whether a `_CurrentSpan` made the current context: with tracing off, that is the only way one
+# holds a trace (a caller's, continued), so without it the OTel context need not be looked up.
+_span_made: ContextVar[bool] = ContextVar("interlock_span_made", default=False)
 
 
 class Attr:
@@ -171,7 +175,16 @@ class _CurrentSpan:
     `use_span` does, in one object instead of three nested generators: it runs on every call.)
     """
 
-    __slots__ = ("_attributes", "_context", "_kind", "_later", "_name", "_span", "_token")
+    __slots__ = (
+        "_attributes",
+        "_context",
+        "_kind",
+        "_later",
+        "_marked",
+        "_name",
+        "_span",
+        "_token",
+    )
 
     def __init__(
         self,
@@ -200,6 +213,7 @@ class _CurrentSpan:
             span.set_attributes(_clean(self._later()))
         self._span = span
         self._token = otel_context.attach(trace.set_span_in_context(span))
+        self._marked = _span_made.set(True)
         return span
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
@@ -207,6 +221,7 @@ class _CurrentSpan:
             if exc_type is not None:
                 mark_error(self._span, exc_type.__qualname__)
         finally:
+            _span_made.reset(self._marked)
             otel_context.detach(self._token)
             self._span.end()
 
@@ -283,6 +298,8 @@ def _errors_marked(span: Span) -> Iterator[None]:
 
 def current_span() -> Span:
     """The span of the current context (a non-recording span when there is none)."""
+    if not _on and not _span_made.get():
+        return INVALID_SPAN  # nothing records and no caller's trace is being continued
     return trace.get_current_span()
 
 
@@ -302,7 +319,7 @@ def mark_error(span: Span, error_type: str, description: str | None = None) -> N
 
 def _no_trace() -> bool:
     """True when there is no trace context to pass on (nothing continued, nothing recorded)."""
-    return not trace.get_current_span().get_span_context().is_valid
+    return not current_span().get_span_context().is_valid
 
 
 def inject_headers(headers: MutableMapping[str, str]) -> None:
