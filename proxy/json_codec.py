@@ -1,10 +1,10 @@
-"""JSON parsing on the data path: orjson where it can, the standard library where it cannot.
+"""JSON parsing on the data path: msgspec where it can, the standard library where it cannot.
 
-`loads` accepts exactly what `json.loads` accepts and returns equal values: orjson parses the
-common case several times faster; a document orjson refuses (invalid UTF-8, nesting too deep for
-it, ...) is handed to `json.loads`, which decides (and raises `ValueError` or `RecursionError`
-as before). A document with a run of 19 or more digits goes to `json.loads` directly: orjson reads
-an integer beyond 64 bits as a float, where the standard parser keeps it exact.
+`loads` accepts exactly what `json.loads` accepts and returns equal values: msgspec parses the
+common case several times faster (integers of any size stay exact, as the standard parser keeps
+them); a document msgspec refuses (invalid UTF-8, `NaN` or `Infinity`, a float beyond a double,
+a lone surrogate escape, nesting too deep for it, ...) is handed to `json.loads`, which decides
+(and raises `ValueError` or `RecursionError` as before).
 
 `RawJson` is a value left as its JSON text (part of a message the proxy only relays): it is
 parsed when something asks for its value, and the encoders write it as that value
@@ -16,13 +16,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import orjson
 
 __all__ = ["RawJson", "compact_text", "encode_default", "loads", "orjson_default"]
 
-# Every digit becomes "0", every other byte " ": a run of 19 digits is then a plain substring.
-_DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
-_LONG_RUN = b"0" * 19
+_decode = msgspec.json.Decoder().decode
 
 
 def loads(raw: bytes | bytearray | str) -> Any:
@@ -32,13 +31,10 @@ def loads(raw: bytes | bytearray | str) -> Any:
         ValueError: not JSON (`json.JSONDecodeError`, bad UTF-8, an integer too long to read).
         RecursionError: nesting too deep for the standard parser.
     """
-    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
-    if _LONG_RUN in data.translate(_DIGITS):
-        return json.loads(raw)
     try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return json.loads(raw)
+        return _decode(raw)
+    except (msgspec.DecodeError, UnicodeEncodeError):  # DecodeError: its ValidationError too
+        return json.loads(raw)  # (UnicodeEncodeError: a text holding a lone surrogate)
 
 
 def compact_text(value: Any) -> str:

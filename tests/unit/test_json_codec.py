@@ -38,7 +38,7 @@ def test_any_document_reads_as_the_standard_parser_reads_it(value: object) -> No
         b'{"a": 1, "a": 2}',
     ],
 )
-def test_what_orjson_reads_differently_is_read_as_json_does(raw: bytes) -> None:
+def test_what_a_fast_parser_reads_differently_is_read_as_json_does(raw: bytes) -> None:
     """Long integers stay exact, lone surrogates and overflowing floats are kept as json does."""
     assert repr(loads(raw)) == repr(json.loads(raw))
 
@@ -78,3 +78,10 @@ def test_compact_text_writes_what_orjson_refuses() -> None:
     assert compact_text({"to": "a", "n": [1, 2.5]}) == '{"to":"a","n":[1,2.5]}'
     assert compact_text({"n": 2**70, "é": [1.5]}) == '{"n":1180591620717411303424,"é":[1.5]}'
     assert compact_text({"at": {1, 2}}) == '{"at":"{1, 2}"}'
+
+
+@pytest.mark.parametrize("text", ['"\ud800"', '["\udcff", 1]', '{"k": "a\udfffb"}'])
+def test_a_text_holding_a_lone_surrogate_reads_as_json_does(text: str) -> None:
+    """A text (not bytes) may hold a lone surrogate itself, unescaped (a line read with
+    surrogate escapes, say): the standard parser reads it, so `loads` does too."""
+    assert loads(text) == json.loads(text)
