@@ -128,3 +128,35 @@ async def test_an_upstream_event_stream_reaches_the_client_byte_for_byte(
         assert answer.content_type == "text/event-stream"
         assert answer.headers.get("Mcp-Session-Id") == SESSION
     assert data == fake.sent[-1]
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [b'{"progressToken": 7, "client/own": {"a": [1, 2]}}', b'"not an object"', b"[]"],
+    ids=["an-object", "a-string", "a-list"],
+)
+async def test_a_meta_of_the_clients_own_goes_up_as_written_and_a_trace_is_added_to_it(
+    proxy: RunningProxy,
+    upstream: tuple[FramingUpstream, str],
+    http: aiohttp.ClientSession,
+    meta: bytes,
+) -> None:
+    """Whatever `_meta` the client wrote goes up byte for byte when there is no trace to carry
+    (the upstream judges it); with one, an object keeps its members beside the trace context,
+    and anything else is replaced by an object holding only the trace context."""
+    fake, _ = upstream
+    raw = RawMcp(http, proxy.mcp_url("up"))
+    await raw.initialize()
+    body = b'{"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "look", '
+    body += b'"_meta": ' + meta + b"}}"
+    async with await _call(raw, body) as answer:
+        await answer.read()
+    assert fake.bodies[-1] == body
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    headers = raw.headers({"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"})
+    async with await raw.http.post(raw.url, data=body, headers=headers) as answer:
+        await answer.read()
+    forwarded = json.loads(fake.bodies[-1])["params"]["_meta"]
+    assert forwarded.pop("traceparent").split("-")[1] == trace_id
+    client_meta = json.loads(meta)
+    assert forwarded == (client_meta if isinstance(client_meta, dict) else {})

@@ -74,13 +74,17 @@ def _attempt_attributes(plan: ForwardPlan) -> dict[str, Any]:
     }
 
 
-def _carry_trace(params: JsonObject) -> None:
-    """Write the trace context into `params._meta` (the plan's own copy), creating it only when
+def _carry_trace(plan: ForwardPlan) -> None:
+    """Write the trace context into the request's `params._meta`, on a copy of that path (the
+    client's message stays as it arrived, its arguments shared, not deep-copied), and only when
     there is a trace: a forwarded request never grows an empty `_meta` the client did not send."""
     carrier: JsonObject = {}
     tracing.inject_meta(carrier)
     if carrier:
-        params.setdefault("_meta", {}).update(carrier)
+        params = plan.request["params"]
+        meta = params.get("_meta")
+        meta = {**meta, **carrier} if isinstance(meta, dict) else carrier
+        plan.request = {**plan.request, "params": {**params, "_meta": meta}}
 
 
 async def _attempt(plan: ForwardPlan) -> JsonObject:
@@ -103,7 +107,7 @@ async def _attempt(plan: ForwardPlan) -> JsonObject:
     with tracing.child_span(
         "interlock.upstream.attempt", attributes=attributes, kind=SpanKind.CLIENT
     ) as span:
-        _carry_trace(plan.request["params"])
+        _carry_trace(plan)
         try:
             response = await plan.send_upstream(plan.request, timeout)
         except UpstreamError as exc:

@@ -289,18 +289,12 @@ def _plan(
     admission: AdmissionRequest,
     on_wait: OnWait | None,
 ) -> ForwardPlan:
-    # Only params._meta is changed on the way up (trace context), so only that path is copied:
-    # the client's message stays as it arrived, and its arguments are shared, not deep-copied.
-    # A `_meta` the client did not send is added only when there is a trace to carry.
-    params = dict(call.request["params"])
-    if "_meta" in params:
-        meta = params["_meta"]
-        params["_meta"] = dict(meta) if isinstance(meta, dict) else {}
-    request = {**call.request, "params": params}
+    # The client's message goes up as it arrived (its bytes, when nothing changes it): only a
+    # trace to carry changes params._meta, on a copy of that path (`attempts._carry_trace`).
     return ForwardPlan(
         app=call.ctx.app,
         upstream=call.ctx.upstream,
-        request=request,
+        request=call.request,
         send_upstream=send_upstream,
         slot=slot,
         admission=admission,

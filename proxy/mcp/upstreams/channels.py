@@ -58,7 +58,7 @@ def _client_bytes(message: JsonObject, original: JsonObject | None) -> bytes | N
     The pipeline changes a message by copying the part it changes (`params._meta` for the
     trace context) and shares the rest, so this comparison stops at the shared values.
     """
-    if isinstance(original, WireMessage) and message == original:
+    if isinstance(original, WireMessage) and (message is original or message == original):
         return wire_bytes(original)
     return None
 
