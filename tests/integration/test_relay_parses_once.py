@@ -3,9 +3,10 @@ upstream's answer when it comes back, never again to find out whether it changed
 A `tools/call` answer from an HTTP upstream is read to its envelope only: the tool's output
 (`content`, `structuredContent`) is relayed and stored as the upstream's bytes, never parsed.
 
-Every whole-document JSON parse in this process (`orjson.loads` and `json.loads`, whoever calls
-them) and every envelope read is counted while a `tools/call` goes through the proxy to a real
-upstream (a subprocess: its own parsing is not counted) and back; the test client reads bytes.
+Every whole-document JSON parse in this process (`proxy.json_codec`'s msgspec decoder,
+`orjson.loads` and `json.loads`, whoever calls them) and every envelope read is counted while a
+`tools/call` goes through the proxy to a real upstream (a subprocess: its own parsing is not
+counted) and back; the test client reads bytes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import aiohttp
 import orjson
 import pytest
 
+from proxy import json_codec
 from proxy.mcp.wire import jsonrpc
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import (
@@ -75,6 +77,7 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> Parses:
 
     # As in production: the suite's check of relayed bytes (a second parse on purpose) is off.
     monkeypatch.setattr(jsonrpc, "_CHECK_WIRE", False)
+    monkeypatch.setattr(json_codec, "_decode", counting(json_codec._decode))
     monkeypatch.setattr(orjson, "loads", counting(orjson.loads))
     monkeypatch.setattr(json, "loads", counting(json.loads))
     monkeypatch.setattr(jsonrpc, "_ENVELOPE", CountingEnvelope(jsonrpc._ENVELOPE))
