@@ -58,7 +58,15 @@ from bench.histograms import scrape
 from bench.ledger_floor import FloorResult, measure_floor
 from bench.mcp_upstream import counted_upstream
 
-__all__ = ["Result", "bare_proxy", "drive", "interlock_proxy", "list_tools", "run"]
+__all__ = [
+    "Result",
+    "bare_proxy",
+    "drive",
+    "interlock_config",
+    "interlock_proxy",
+    "list_tools",
+    "run",
+]
 
 _CALL_TIMEOUT_S = 30.0
 _MODERN = "2026-07-28"
@@ -118,7 +126,8 @@ class Result:
 _process = bench_process
 
 
-def _interlock_config(folder: Path, port: int, upstream: str, commit_delay_ms: float) -> Path:
+def interlock_config(folder: Path, port: int, upstream: str, commit_delay_ms: float = 0.0) -> Path:
+    """`interlock serve`'s configuration for the MCP benchmarks (SQLite, durability full)."""
     path = folder / "interlock.yaml"
     text = f"""
         listen: "127.0.0.1:{port}"
@@ -145,7 +154,7 @@ async def interlock_proxy(
     """`interlock serve`; `transport_only` swaps the tools/call pipeline for a pass-through."""
     with tempfile.TemporaryDirectory(prefix="interlock-bench-mcp-") as tmp:
         port = free_port()
-        config = _interlock_config(Path(tmp), port, upstream, commit_delay_ms)
+        config = interlock_config(Path(tmp), port, upstream, commit_delay_ms)
         serve = ["--config", str(config), "--loop", loop]
         if transport_only:
             args = [sys.executable, "-m", "bench.bench_mcp", "--transport-only", "serve", *serve]

@@ -78,16 +78,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextlib.asynccontextmanager
-async def bench_process(argv: list[str], ready_url: str) -> AsyncIterator[psutil.Process]:
+async def bench_process(
+    argv: list[str], ready_url: str, *, start_timeout_s: float = _START_TIMEOUT_S
+) -> AsyncIterator[psutil.Process]:
     """A child process (run from the repository root, without the caller's INTERLOCK_* settings),
-    yielded once `ready_url` answers below 500; stopped with SIGTERM, then SIGKILL."""
+    yielded once `ready_url` answers below 500 (within `start_timeout_s`); stopped with SIGTERM,
+    then SIGKILL."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("INTERLOCK_")}
     env["INTERLOCK_LOG_LEVEL"] = "ERROR"
     proc = await asyncio.create_subprocess_exec(
         *argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        await _wait_ready(ready_url, proc)
+        await _wait_ready(ready_url, proc, start_timeout_s)
         yield psutil.Process(proc.pid)
     finally:
         if proc.returncode is None:
@@ -99,8 +102,8 @@ async def bench_process(argv: list[str], ready_url: str) -> AsyncIterator[psutil
             await asyncio.wait_for(proc.wait(), 5)
 
 
-async def _wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
-    deadline = time.monotonic() + _START_TIMEOUT_S
+async def _wait_ready(url: str, proc: asyncio.subprocess.Process, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
         while time.monotonic() < deadline:
             if proc.returncode is not None:
@@ -110,7 +113,7 @@ async def _wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
                     if response.status < 500:
                         return
             await asyncio.sleep(0.1)  # polling a starting process, bounded by the deadline
-    raise RuntimeError(f"{url} did not become ready within {_START_TIMEOUT_S} s")
+    raise RuntimeError(f"{url} did not become ready within {timeout_s:g} s")
 
 
 def free_port() -> int:

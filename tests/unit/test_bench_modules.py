@@ -8,10 +8,12 @@ import ast
 import importlib
 import inspect
 import pkgutil
+from pathlib import Path
 
 import pytest
 
 import bench
+from bench import bench_instructions
 
 MODULES = sorted(info.name for info in pkgutil.iter_modules(bench.__path__))
 
@@ -173,3 +175,20 @@ def test_the_mcp_bench_says_what_the_side_effect_goal_leaves_beside_the_ledgers_
     assert "64 per commit" in side[1]
     assert "commits" not in " ".join(_room(results, "read-only", 1.3, floors))
     assert "commits" not in " ".join(_room(results, "side-effecting", 2.5, []))
+
+
+def test_instructions_per_call_sum_every_dump_of_every_thread(tmp_path: Path) -> None:
+    """Callgrind writes a dump per thread (and per dump request): the count per call is the
+    sum of each file's last `totals:` over the calls; a file without one counts nothing."""
+    (tmp_path / "serve.callgrind.1").write_text("events: Ir\nsummary: 0\n\ntotals: 900000\n")
+    (tmp_path / "serve.callgrind.1-02").write_text("events: Ir\ntotals: 5\ntotals: 100000\n")
+    (tmp_path / "serve.callgrind").write_text("events: Ir\n")
+    dumps = sorted(tmp_path.glob("serve.callgrind*"))
+    assert bench_instructions.count_per_call(dumps, 1000) == 1000.0
+
+
+def test_without_valgrind_the_instruction_count_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench_instructions.shutil, "which", lambda _name: None)
+    (table,) = bench_instructions.run(quick=True)
+    assert not table.rows
+    assert "not installed" in table.note
