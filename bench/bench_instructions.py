@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from bench import bench_mcp
 from bench.common import Table, bench_process, free_port, serve_argv
 from bench.mcp_upstream import counted_upstream
 
-__all__ = ["count_per_call", "run"]
+__all__ = ["count_of", "per_call", "run"]
 
 _TARGETS = ("bare", "transport", "interlock")
 _START_S = 300.0  # a process under valgrind starts several times slower
@@ -54,17 +55,17 @@ def _control(*args: str) -> None:
     subprocess.run(["callgrind_control", *args], check=True, capture_output=True, timeout=60)
 
 
-def count_per_call(dumps: list[Path], calls: int) -> float:
-    """Instructions per call from callgrind's dump files (one per thread and dump)."""
-    total = 0
-    for dump in dumps:
-        found = _TOTALS.findall(dump.read_text(errors="replace"))
-        total += int(found[-1]) if found else 0
-    return total / max(1, calls)
+def count_of(dump: Path) -> int:
+    """The instructions one callgrind dump counted (its last `totals:`; 0 if it has none)."""
+    found = _TOTALS.findall(dump.read_text(errors="replace"))
+    return int(found[-1]) if found else 0
 
 
-def _dumped(folder: Path, target: str, calls: int) -> float:
-    return count_per_call(sorted(folder.glob(f"{target}.callgrind*")), calls)
+def per_call(busy: int, idle: int, calls: int) -> float:
+    """Instructions per call: those counted while the calls ran, less those the same process
+    counted idle for as long (its timers and periodic work, which valgrind's slowness would
+    otherwise charge to the calls many times over)."""
+    return max(busy - idle, 0) / max(1, calls)
 
 
 @contextlib.asynccontextmanager
@@ -79,19 +80,29 @@ async def _counted(target: str, upstream: str, folder: Path) -> AsyncIterator[tu
         yield url, proc.pid
 
 
-async def _measure(target: str, upstream: str, counter: str, calls: int, concurrency: int) -> float:
+async def _measure(
+    target: str, upstream: str, counter: str, calls: int, concurrency: int
+) -> tuple[float, float]:
+    """(instructions per call, the idle share of what was counted while the calls ran)."""
     with tempfile.TemporaryDirectory(prefix="interlock-bench-instructions-") as tmp:
         folder = Path(tmp)
         async with _counted(target, upstream, folder) as (url, pid):
             await bench_mcp.list_tools(url)
             await bench_mcp.drive(url, "read-only", 100, concurrency, None, counter)  # warm-up
+            started = time.monotonic()
             _control("-i", "on", str(pid))
             result = await bench_mcp.drive(url, "read-only", calls, concurrency, None, counter)
             _control("-i", "off", str(pid))
-            _control("-d", str(pid))
+            busy_s = time.monotonic() - started
+            _control("-d", str(pid))  # dump 1: the calls (a dump also sets the counts to zero)
+            _control("-i", "on", str(pid))
+            await asyncio.sleep(busy_s)
+            _control("-i", "off", str(pid))
+            _control("-d", str(pid))  # dump 2: as long again, idle
         if result.errors:
             raise RuntimeError(f"{target}: {result.errors} of {calls} calls failed")
-        return _dumped(folder, target, calls)
+        busy, idle = (count_of(folder / f"{target}.callgrind.{n}") for n in (1, 2))
+        return per_call(busy, idle, calls), idle / max(1, busy)
 
 
 async def _run(quick: bool) -> list[Table]:
@@ -101,21 +112,25 @@ async def _run(quick: bool) -> list[Table]:
         for concurrency in (1, 32):
             counts = {t: await _measure(t, upstream, counter, calls, concurrency) for t in _TARGETS}
             for target in _TARGETS:
-                ratio = counts[target] / counts["bare"]
-                rows.append([str(concurrency), target, f"{counts[target]:,.0f}", f"{ratio:.2f}×"])
+                count, idle = counts[target]
+                ratio = count / counts["bare"][0]
+                cells = [f"{count:,.0f}", f"{ratio:.2f}×", f"{idle:.0%}"]
+                rows.append([str(concurrency), target, *cells])
     note = (
         f"{calls} read-only tools/call per cell after a warm-up; instructions the proxy process "
-        "executed in user space while serving them (valgrind callgrind, all threads), per call. "
-        "A count, not a time: the same code gives the same figure whatever else the machine is "
-        "doing (within about 1 %: timers and periodic work fall differently), so it shows what a "
-        "change did when CPU time is too noisy to; it leaves out the kernel's work and how fast "
-        "the instructions run. bare = the pass-through floor; transport = Interlock with the "
-        "tools/call pipeline swapped for a pass-through."
+        "executed in user space while serving them (valgrind callgrind, all threads), per call, "
+        "less what the same process executed idle for as long right after ('idle share': its "
+        "timers and periodic work - a ledger sweep, the deferred-work poll - which valgrind's "
+        "slowness would otherwise charge to the calls many times over). A count, not a time: "
+        "it shows what a change did when CPU time is too noisy to (what is left of the "
+        "periodic work still moves it by a few per cent); it leaves out the kernel's work and "
+        "how fast the instructions run. bare = the pass-through floor; transport = Interlock "
+        "with the tools/call pipeline swapped for a pass-through."
     )
     return [
         Table(
             title="MCP tools/call: instructions per call (callgrind)",
-            columns=["concurrency", "target", "instructions per call", "vs bare"],
+            columns=["concurrency", "target", "instructions per call", "vs bare", "idle share"],
             rows=rows,
             note=note,
         )

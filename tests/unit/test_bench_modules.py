@@ -177,14 +177,18 @@ def test_the_mcp_bench_says_what_the_side_effect_goal_leaves_beside_the_ledgers_
     assert "commits" not in " ".join(_room(results, "side-effecting", 2.5, []))
 
 
-def test_instructions_per_call_sum_every_dump_of_every_thread(tmp_path: Path) -> None:
-    """Callgrind writes a dump per thread (and per dump request): the count per call is the
-    sum of each file's last `totals:` over the calls; a file without one counts nothing."""
+def test_instructions_per_call_leave_out_what_the_idle_process_counts(tmp_path: Path) -> None:
+    """A dump's count is its last `totals:` (none: 0); per call, what was counted while the
+    calls ran less what the idle process counted for as long (never below zero)."""
     (tmp_path / "serve.callgrind.1").write_text("events: Ir\nsummary: 0\n\ntotals: 900000\n")
-    (tmp_path / "serve.callgrind.1-02").write_text("events: Ir\ntotals: 5\ntotals: 100000\n")
+    (tmp_path / "serve.callgrind.2").write_text("events: Ir\ntotals: 5\ntotals: 100000\n")
     (tmp_path / "serve.callgrind").write_text("events: Ir\n")
-    dumps = sorted(tmp_path.glob("serve.callgrind*"))
-    assert bench_instructions.count_per_call(dumps, 1000) == 1000.0
+    busy, idle, none = (
+        bench_instructions.count_of(tmp_path / f"serve.callgrind{n}") for n in (".1", ".2", "")
+    )
+    assert (busy, idle, none) == (900_000, 100_000, 0)
+    assert bench_instructions.per_call(busy, idle, 1000) == 800.0
+    assert bench_instructions.per_call(idle, busy, 1000) == 0.0
 
 
 def test_without_valgrind_the_instruction_count_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
