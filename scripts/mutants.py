@@ -305,12 +305,12 @@ MUTANTS = (
     ),
     Mutant(
         name="the pipeline writes the trace context into the client's own message",
-        path="proxy/mcp/pipeline/tools_call.py",
-        module="proxy.mcp.pipeline.tools_call",
+        path="proxy/mcp/pipeline/attempts.py",
+        module="proxy.mcp.pipeline.attempts",
         edits=(
             (
-                '        params["_meta"] = dict(meta) if isinstance(meta, dict) else {}\n',
-                '        params["_meta"] = meta if isinstance(meta, dict) else {}\n',
+                '        plan.request = {**plan.request, "params": {**params, "_meta": meta}}\n',
+                '        params.setdefault("_meta", {}).update(carrier)\n',
             ),
         ),
         tests=("tests/integration/test_mcp_trace_passthrough.py",),
