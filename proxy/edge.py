@@ -30,7 +30,7 @@ from policies.identity import CallerRefused, key_tenant
 from proxy.listener import BODY_WATCH
 from proxy.state import CONFIG
 
-__all__ = ["GUARDED_PREFIXES", "guarded", "is_guarded"]
+__all__ = ["GUARDED_PREFIXES", "Handler", "guarded", "is_guarded"]
 
 GUARDED_PREFIXES = ("/mcp/", "/http/", "/jobs/", "/admin")
 

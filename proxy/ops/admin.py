@@ -12,7 +12,6 @@ import hmac
 import ipaddress
 import os
 import re
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -26,10 +25,8 @@ from ledger import (
     entry_json,
     transition_json,
 )
-from proxy.edge import guarded
+from proxy.edge import Handler, guarded
 from proxy.state import CONFIG, LEDGER, SCHEDULER
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 __all__ = ["setup"]
 
