@@ -18,6 +18,7 @@ its fingerprint and its stored (capped) text cost when the arguments are large.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import tempfile
 import time
@@ -36,6 +37,7 @@ from proxy.app import create_app
 from proxy.mcp.pipeline.tools_call import McpCallContext, handle_tools_call
 from proxy.ops.cli import loop_factory
 from proxy.runtime.client_gone import ClientGone
+from proxy.runtime.heap import settle_after_start
 from proxy.state import CONFIG
 from proxy.telemetry.sdk import configure_telemetry
 
@@ -134,6 +136,8 @@ async def _measure(quick: bool) -> tuple[dict[tuple[str, int], tuple[float, floa
         app = create_app(_config(Path(tmp)))
         runner = web.AppRunner(app)
         await runner.setup()  # opens the ledger, as `interlock serve` does
+        thresholds = gc.get_threshold()
+        settle_after_start()  # the heap as `serve` leaves it before its first call
         try:
             for kind, count in calls.items():
                 call = _caller(app, kind)
@@ -145,6 +149,8 @@ async def _measure(quick: bool) -> tuple[dict[tuple[str, int], tuple[float, floa
                     loop_cpu = time.thread_time() - loop_cpu
                     results[kind, concurrency] = (cpu / count * 1e6, loop_cpu / count * 1e6)
         finally:
+            gc.set_threshold(*thresholds)
+            gc.unfreeze()
             await runner.cleanup()
         floors = await measure_floor(Path(tmp), 0.5 if quick else 2.0)
     handed = next(f for f in floors if f.through_thread and f.pairs_per_commit == 1)

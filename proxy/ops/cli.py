@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import ctypes
-import gc
 import logging
 import os
 import signal
@@ -102,6 +99,7 @@ def ledger_settings(args: argparse.Namespace) -> LedgerSettings:
 async def _serve(config: Config) -> None:
     from proxy.app import create_app  # imported here: the ledger command must not need aiohttp app
     from proxy.listener import start_runner
+    from proxy.runtime.heap import settle_after_start
     from proxy.state import LEDGER
 
     app = create_app(config)
@@ -119,11 +117,7 @@ async def _serve(config: Config) -> None:
         access_log=None,
     )
     addresses = ", ".join(f"http://{host}:{port}" for host, port, *_ in runner.addresses)
-    # What start-up built (modules, config, the app) lives as long as the process: move it out of
-    # the collector's generations so that collections during calls only walk what calls create.
-    gc.collect()
-    gc.freeze()
-    _return_freed_memory()
+    settle_after_start()
     loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]
     print(f"interlock: listening on {addresses} ({loop_name} event loop)", flush=True)
     stop = asyncio.Event()
@@ -134,17 +128,6 @@ async def _serve(config: Config) -> None:
     print("interlock: stopping: no new calls admitted, draining in-flight calls", flush=True)
     await runner.cleanup()
     print("interlock: stopped", flush=True)
-
-
-def _return_freed_memory() -> None:
-    """Hand the C allocator's free pages back to the system (glibc's `malloc_trim`).
-
-    Start-up frees much of what it allocated (imports' temporaries, the migration check, config
-    parsing); without a trim those pages stay resident for the process's life (about 5 MB).
-    Elsewhere than glibc this does nothing.
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
