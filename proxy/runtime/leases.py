@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -121,30 +120,37 @@ async def _renew_forever(store: LedgerStore, lease: Lease, every_s: float) -> No
         await asyncio.sleep(every_s)
 
 
-@contextlib.asynccontextmanager
-async def keep_lease(store: LedgerStore, lease: Lease, lease_s: float) -> AsyncIterator[None]:
+class keep_lease:  # lower case: used like a function, `async with keep_lease(...)`
     """Renew the lease (whatever its current token) every third of its length until the block
     ends.
 
     Most calls end long before their first renewal is due: a timer starts the renewing task
-    only then, so such a call costs no task of its own.
+    only then, so such a call costs no task of its own. A plain class, not an async generator:
+    it is entered once per side-effecting call.
     """
-    loop = asyncio.get_running_loop()
-    # The claim committed just before: its lease surely holds for `lease_s` from a moment ago.
-    lease.valid_until = min(lease.valid_until, loop.time() + lease_s)
-    every_s = max(lease_s / 3.0, 0.05)
-    renewer: asyncio.Task[None] | None = None
 
-    def start() -> None:
-        nonlocal renewer
-        renewing = _renew_forever(store, lease, every_s)
-        renewer = asyncio.create_task(renewing, name=f"lease-{lease.entry_id}")
+    __slots__ = ("_due", "_every_s", "_lease", "_renewer", "_store")
 
-    due = loop.call_later(every_s, start)
-    try:
-        yield
-    finally:
-        due.cancel()
+    def __init__(self, store: LedgerStore, lease: Lease, lease_s: float) -> None:
+        self._store = store
+        self._lease = lease
+        self._every_s = max(lease_s / 3.0, 0.05)
+        self._renewer: asyncio.Task[None] | None = None
+        self._due: asyncio.TimerHandle | None = None
+        # The claim committed just before: its lease surely holds for `lease_s` from a moment ago.
+        lease.valid_until = min(lease.valid_until, asyncio.get_running_loop().time() + lease_s)
+
+    async def __aenter__(self) -> None:
+        self._due = asyncio.get_running_loop().call_later(self._every_s, self._start)
+
+    def _start(self) -> None:
+        renewing = _renew_forever(self._store, self._lease, self._every_s)
+        self._renewer = asyncio.create_task(renewing, name=f"lease-{self._lease.entry_id}")
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._due is not None:
+            self._due.cancel()
+        renewer = self._renewer
         if renewer is not None:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
