@@ -45,7 +45,7 @@ __all__ = [
 
 log = logging.getLogger("interlock.ledger")
 
-HEAD_REVISION = "0003"
+HEAD_REVISION = "0004"
 """The newest revision under `ledger/migrations/versions` (a test checks they agree)."""
 
 VERSION_TABLE = "interlock_ledger_version"

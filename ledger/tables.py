@@ -23,7 +23,9 @@ __all__ = ["LedgerEntry", "LedgerTransition", "UTCTimestamp", "metadata"]
 
 metadata = SQLModel.metadata
 
-_STATES = ", ".join(f"'{state.value}'" for state in EntryState)
+_STATE_CHECK = " OR ".join(f"state = '{state.value}'" for state in EntryState)
+"""Comparisons, not an IN list: SQLite builds a temporary b-tree of an IN list's values for every
+row it writes (revision 0004)."""
 _BIGINT = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite rowids are INTEGER
 
 
@@ -86,7 +88,7 @@ class LedgerEntry(SQLModel, table=True):
     __table_args__ = (
         # Key first so a lookup by key alone (`ledger show KEY`) uses this index too.
         sa.UniqueConstraint("idempotency_key", "tenant", "upstream", name="uq_ledger_key_scope"),
-        sa.CheckConstraint(f"state IN ({_STATES})", name="ck_ledger_entries_state"),
+        sa.CheckConstraint(_STATE_CHECK, name="ck_ledger_entries_state"),
         sa.Index("ix_ledger_entries_state_lease", "state", "lease_expires_at"),
         sa.Index("ix_ledger_entries_state_updated", "state", "updated_at"),
         sa.Index("ix_ledger_entries_upstream_state", "upstream", "state"),
