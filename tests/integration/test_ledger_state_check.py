@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from alembic import command
 
 from ledger import EntryState, LedgerStore, migrate_ledger
 from ledger.batch import ROW_FIELDS
 from ledger.db import open_engines
-from ledger.migrate import upgrade
+from ledger.migrate import HEAD_REVISION, VERSION_TABLE, alembic_config, upgrade
 from ledger.sqlite_sql import _insert_entry, _update_by_id
 from ledger.tables import metadata
 from policies.model import LedgerSettings
@@ -122,3 +123,37 @@ async def test_upgrading_to_the_comparisons_keeps_every_entry_and_its_history(
         assert (await store.claim(claim_request("k-new"))).kind == "new"
     finally:
         await store.close()
+
+
+def test_a_sqlite_that_refuses_schema_edits_keeps_the_in_list_and_migrates(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Some SQLite builds refuse writes to `sqlite_master` (defensive mode); an authorizer that
+    denies them stands in for one here. The migration must still reach head, leaving a check
+    that allows the same states."""
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
+    with engine.begin() as conn:  # up to 0003 as SQLite allows (ALTER TABLE edits the schema)
+        command.upgrade(alembic_config(conn), "0003")
+    engine.dispose()
+
+    def deny_schema_edits(action: int, table: str | None, *_: object) -> int:
+        denied = action == sqlite3.SQLITE_UPDATE and table == "sqlite_master"
+        return sqlite3.SQLITE_DENY if denied else sqlite3.SQLITE_OK
+
+    @sa.event.listens_for(engine, "connect")
+    def _authorize(dbapi_connection: sqlite3.Connection, _record: object) -> None:
+        dbapi_connection.set_authorizer(deny_schema_edits)
+
+    try:
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(conn), "head")
+        with engine.connect() as conn:
+            revision = conn.exec_driver_sql(f"SELECT version_num FROM {VERSION_TABLE}").scalar()
+            definition = conn.exec_driver_sql(
+                "SELECT sql FROM sqlite_master WHERE name = 'ledger_entries'"
+            ).scalar()
+    finally:
+        engine.dispose()
+    assert revision == HEAD_REVISION
+    assert "state IN ('accepted', 'running'" in str(definition)
+    assert "left as an IN list" in caplog.text
