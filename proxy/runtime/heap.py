@@ -7,13 +7,15 @@ it serves a call:
   process: it is moved out of the collector's generations (`gc.freeze`), so a full collection
   during calls walks only what calls created;
 - the young generation is collected after `YOUNG_THRESHOLD` net allocations instead of the
-  interpreter's 700. A young collection walks every young object still alive, and with tens of
-  calls in flight that is their whole working state (futures, entries, pending ledger writes:
-  roughly a thousand objects at 32 side-effecting calls): at 700 the collector ran every ten or
-  so calls and walked all of it each time (4 % of a side-effecting call's instructions through
-  `serve`; 99 collections per 1,000 calls at concurrency 32). Garbage that needs the collector
-  (reference cycles) is found as before, after more allocations: at most ten thousand objects
-  wait for it (a few MB);
+  interpreter's 700 (2,000 is CPython 3.13's own default). A young collection walks every young
+  object still alive, and with tens of calls in flight that is their whole working state
+  (futures, entries, pending ledger writes: roughly a thousand objects at 32 side-effecting
+  calls): at 700 the collector ran every ten or so calls and walked all of it each time (99
+  collections per 1,000 side-effecting calls at concurrency 32 through `serve`, 4 % of their
+  instructions; 6 at 2,000). The threshold is not higher because garbage that only the collector
+  frees (reference cycles: a failed call's exception, its traceback and the frames it keeps, with
+  whatever they hold) waits for the next collection; at 2,000 that is a few failed calls' worth,
+  about three times what the interpreter's default keeps waiting;
 - the free pages start-up left behind are handed back to the system (glibc's `malloc_trim`).
 """
 
@@ -25,7 +27,7 @@ import gc
 
 __all__ = ["YOUNG_THRESHOLD", "settle_after_start"]
 
-YOUNG_THRESHOLD = 10_000
+YOUNG_THRESHOLD = 2_000
 
 
 def settle_after_start() -> None:

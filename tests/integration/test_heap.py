@@ -98,5 +98,6 @@ def test_calls_in_flight_do_not_make_the_collector_walk_them_every_few_calls(
     young, middle, full, frozen = map(int, done.stdout.split())
     assert frozen > 10_000, "what start-up built was not moved out of the collector's way"
     # 640 side-effecting calls at concurrency 32: at the interpreter's default threshold (700)
-    # the young generation is collected dozens of times (and the middle one with it).
-    assert young <= 2, f"{young} young, {middle} middle, {full} full collections"
+    # the young generation is collected about 40 times (and the middle one with it), at 2,000
+    # about 4 times.
+    assert young <= 8, f"{young} young, {middle} middle, {full} full collections"
