@@ -13,9 +13,9 @@ it serves a call:
   calls): at 700 the collector ran every ten or so calls and walked all of it each time (99
   collections per 1,000 side-effecting calls at concurrency 32 through `serve`, 4 % of their
   instructions; 6 at 2,000). The threshold is not higher because garbage that only the collector
-  frees (reference cycles: a failed call's exception, its traceback and the frames it keeps, with
-  whatever they hold) waits for the next collection; at 2,000 that is a few failed calls' worth,
-  about three times what the interpreter's default keeps waiting;
+  frees (reference cycles, and whatever they hold) waits for the next collection: at 2,000 about
+  three times what the interpreter's default keeps waiting. (A failed call's retry loop was such
+  a cycle, holding the call's frames; `proxy.runtime.retries.run_attempts` now lets go of it.)
 - the free pages start-up left behind are handed back to the system (glibc's `malloc_trim`).
 """
 

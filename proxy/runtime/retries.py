@@ -8,6 +8,7 @@ attempt, so the loop decides exactly as it would have had it run from the start.
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -36,10 +37,25 @@ async def run_attempts(
         return await attempt()
     except UpstreamError as exc:  # only upstream errors may be retried (describe_failure)
         first: UpstreamError | None = exc
-    async for state in retry_loop():
-        with state:
-            if first is not None:
-                failure, first = first, None
-                raise failure
-            result = await attempt()
+    state: tenacity.AttemptManager | None = None
+    try:
+        async for state in retry_loop():
+            with state:
+                if first is not None:
+                    failure, first = first, None
+                    try:
+                        raise failure
+                    finally:
+                        del failure  # this frame stays in the error's traceback
+                result = await attempt()
+    except BaseException as error:
+        # tenacity keeps the failed outcome (this very error) in its retry state and in the frames
+        # that re-raised it, and the error's traceback runs through those frames: cycles that kept
+        # every frame of the failed call (its request, what was read of an answer) until the
+        # garbage collector's next run. The finished frames' locals are let go (the traceback
+        # keeps its lines), and so is the outcome, so they are freed with the error.
+        if state is not None:
+            state.retry_state.outcome = None
+        traceback.clear_frames(error.__traceback__)
+        raise
     return result
