@@ -78,15 +78,15 @@ async def test_the_database_still_refuses_a_state_that_does_not_exist(
         await store.close()
     engines = open_engines(ledger_settings)
     try:
-        for state in [*(s.value for s in EntryState), "bogus", "Running", ""]:
-            update = sa.text("UPDATE ledger_entries SET state = :state WHERE id = :id")
-            async with engines.write.connect() as conn:
-                if state in {s.value for s in EntryState}:
-                    await conn.execute(update, {"state": state, "id": entry.id})
-                    await conn.rollback()
-                    continue
+        update = sa.text("UPDATE ledger_entries SET state = :state WHERE id = :id")
+        async with engines.write.connect() as conn:
+            for state in EntryState:  # every state the ledger has is allowed
+                await conn.execute(update, {"state": state.value, "id": entry.id})
+            await conn.rollback()
+            for state in ("bogus", "Running", ""):
                 with pytest.raises(sa.exc.IntegrityError):
                     await conn.execute(update, {"state": state, "id": entry.id})
+                await conn.rollback()
     finally:
         await engines.dispose()
 
