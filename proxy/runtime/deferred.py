@@ -11,7 +11,9 @@ accepted, and never into the share of a band that cannot wait (`policies.admissi
 exactly one replica) and hands it to the runner of its path (MCP or HTTP), which forwards it and
 records what became of it through a `proxy.runtime.deferred_job.DeferredJob`. A call the
 scheduler refuses (its patience ran out, a cooldown, shutting down) stays accepted and is offered
-again after its `retry_after`.
+again after its `retry_after`; one refused because an operator paused one of its scopes is offered
+again at the first look after the pause is lifted (a pause has no known end: the 30 s a paused
+caller is told to wait would otherwise hold deferred work long after a resume).
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ class _Hand:
     waiting: dict[str, Candidate] = field(default_factory=dict)
     running: set[str] = field(default_factory=set)
     not_before: dict[str, float] = field(default_factory=dict)
+    paused: dict[str, str] = field(default_factory=dict)
+    """Calls refused by a pause, and the paused scope: held back until it is resumed."""
 
     def holds(self, entry_id: str) -> bool:
         return entry_id in self.waiting or entry_id in self.running
@@ -142,12 +146,18 @@ class Dispatcher:
         the waiting windows per upstream and per tenant (oldest first)."""
         now = time.monotonic()
         hand = self._hand
+        if hand.paused:
+            paused = self._app[SCHEDULER].paused_scopes()
+            hand.paused = {i: scope for i, scope in hand.paused.items() if scope in paused}
         per_upstream = Counter(c.upstream for c in hand.waiting.values())
         per_tenant = Counter((c.upstream, c.tenant) for c in hand.waiting.values())
         chosen = []
         for candidate in found:
             group = (candidate.upstream, candidate.tenant)
-            if hand.holds(candidate.entry_id) or hand.not_before.get(candidate.entry_id, 0) > now:
+            entry_id = candidate.entry_id
+            if hand.holds(entry_id) or entry_id in hand.paused:
+                continue
+            if hand.not_before.get(entry_id, 0) > now:
                 continue
             if per_upstream[candidate.upstream] >= _WAITING_PER_UPSTREAM:
                 continue
@@ -193,7 +203,10 @@ class Dispatcher:
         try:
             slot = await app[SCHEDULER].admit(admission)
         except AdmissionRefused as refused:
-            self._back_off(candidate.entry_id, refused.refusal.retry_after_s)
+            if refused.refusal.reason == "paused":
+                self._hand.paused[candidate.entry_id] = refused.refusal.scope
+            else:
+                self._back_off(candidate.entry_id, refused.refusal.retry_after_s)
             return
         self._hand.waiting.pop(candidate.entry_id, None)
         self._hand.running.add(candidate.entry_id)

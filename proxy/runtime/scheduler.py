@@ -353,6 +353,10 @@ class Scheduler:
     def resume(self, scope: str) -> None:
         self._book.resume(scope)
 
+    def paused_scopes(self) -> frozenset[str]:
+        """The scopes an operator paused."""
+        return self._book.paused_scopes()
+
     def stop_admitting(self) -> None:
         """Shutdown: refuse new calls and every queued one with reason "shutting_down"."""
         refusal = Refusal("shutting_down", "global", bounded_retry_after(self._config, 0.0))

@@ -92,3 +92,34 @@ async def test_a_modern_task_runs_over_the_shared_process(
             await asyncio.sleep(0.05)
     assert polled.last["result"]["status"] == "completed"
     assert polled.last["result"]["result"]["content"] == [{"type": "text", "text": "shared"}]
+
+
+async def test_a_task_tried_while_its_upstream_was_paused_runs_soon_after_the_resume(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    """The dispatcher meets the pause first and is refused (a paused caller is told to come back
+    in 30 s); the resume lets the task start at the dispatcher's next look, not half a minute
+    later."""
+    raw = RawMcp(http, proxy.mcp_url("st"))
+    meta = {
+        **ENVELOPE,
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {EXT: {}}},
+        "interlock/class": "bulk",
+    }
+    headers = {"MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/call", "Mcp-Name": "echo"}
+    proxy.app[SCHEDULER].pause("upstream:st")
+    call = {"name": "echo", "arguments": {"text": "after the pause"}, "_meta": meta}
+    created = await raw.post(_request(1, "tools/call", call), headers)
+    task_id = created.last["result"]["taskId"]
+    await asyncio.sleep(0.5)  # the dispatcher, woken by the new task, tries it: paused
+    proxy.app[SCHEDULER].resume("upstream:st")
+    get_headers = {**headers, "Mcp-Method": "tasks/get", "Mcp-Name": task_id}
+    async with asyncio.timeout(BOUNDED_S):  # well under the pause's 30 s
+        while True:
+            polled = await raw.post(
+                _request(2, "tasks/get", {"taskId": task_id, "_meta": meta}), get_headers
+            )
+            if polled.last["result"]["status"] != "working":
+                break
+            await asyncio.sleep(0.05)
+    assert polled.last["result"]["status"] == "completed"
