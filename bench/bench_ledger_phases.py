@@ -5,7 +5,7 @@ writer's thread, by step of a batch: BEGIN IMMEDIATE, the database's clock, read
 batch names, the operations' decisions, writing the rows (flush), COMMIT, and the rest of the
 job. Each step is timed with `time.thread_time_ns` around the ledger's own functions
 (`ledger.sqlite_sql`'s `begin`, `database_now`, `load`, `flush`, `commit`, `ledger.transactions`'
-`_decide`, and `SQLiteTransactions._transaction` for the whole job), wrapped for the measurement
+`decide`, and `SQLiteTransactions._transaction` for the whole job), wrapped for the measurement
 and restored after it; the event loop's share is its own thread's CPU. A step the ledger no
 longer calls through those names fails the benchmark instead of printing a zero.
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from bench.bench_ledger import _pairs, _sqlite_database, fresh_keys
 from bench.common import Table
-from ledger import LedgerStore, sqlite_sql, transactions
+from ledger import LedgerStore, sqlite_sql, sqlite_transactions, transactions
 from policies.model import LedgerSettings
 
 __all__ = ["PhaseRound", "measure", "run"]
@@ -35,13 +35,13 @@ _STEPS: tuple[tuple[Any, str, str, str], ...] = (
     (sqlite_sql, "begin", "begin", "BEGIN IMMEDIATE"),
     (sqlite_sql, "database_now", "database_now", "the database's clock"),
     (sqlite_sql, "load", "load", "read the rows the batch names"),
-    (transactions, "_decide", "decide", "the operations' decisions"),
+    (transactions, "decide", "decide", "the operations' decisions"),
     (sqlite_sql, "flush", "flush", "write rows and history (flush)"),
     (sqlite_sql, "commit", "commit", "COMMIT (fsync)"),
 )
 JOB = "job"
 """The writer thread's whole job for one batch (`SQLiteTransactions._transaction`)."""
-_WRAPPED = (*_STEPS, (transactions.SQLiteTransactions, "_transaction", JOB, ""))
+_WRAPPED = (*_STEPS, (sqlite_transactions.SQLiteTransactions, "_transaction", JOB, ""))
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ async def measure(seconds: float, rounds: int) -> list[PhaseRound]:
     if missing:
         raise RuntimeError(
             f"the ledger never called {', '.join(missing)} through the names this benchmark "
-            "wraps: bench/bench_ledger_phases.py no longer matches ledger/transactions.py"
+            "wraps: bench/bench_ledger_phases.py no longer matches ledger/sqlite_transactions.py"
         )
     return results
 

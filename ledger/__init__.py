@@ -1,5 +1,10 @@
 """The durable side-effect ledger: write-ahead claims keyed by idempotency key, leases with
-fencing tokens, an append-only history, and group commit (see DESIGN.md, "Ledger states")."""
+fencing tokens, an append-only history, and group commit (see DESIGN.md, "Ledger states").
+
+Importing the package loads no query toolkit: on SQLite a proxy that only serves calls never needs
+it (`ledger.store`)."""
+
+from __future__ import annotations
 
 from ledger.deferred_ops import waits_for_input
 from ledger.errors import (
@@ -10,7 +15,6 @@ from ledger.errors import (
     LedgerUnavailable,
     StaleToken,
 )
-from ledger.migrate import migrate_ledger
 from ledger.operations import DEFAULT_MAX_ATTEMPTS
 from ledger.states import EntryState
 from ledger.store import LedgerStore, utcnow
@@ -25,6 +29,7 @@ from ledger.views import (
     entry_json,
     transition_json,
 )
+from policies.model import LedgerSettings
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -49,3 +54,17 @@ __all__ = [
     "utcnow",
     "waits_for_input",
 ]
+
+
+async def migrate_ledger(settings: LedgerSettings) -> tuple[str | None, str]:
+    """Migrate the ledger at `settings.url` to head: (revision before, revision after).
+
+    `ledger.migrate.migrate_ledger`, imported only when a migration is asked for.
+
+    Raises:
+        LedgerUnavailable: the database cannot be reached or written.
+        LedgerError: the URL is not usable.
+    """
+    from ledger import migrate
+
+    return await migrate.migrate_ledger(settings)

@@ -13,13 +13,15 @@ import hashlib
 import json
 import operator
 import secrets
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ledger.states import EntryState
 from ledger.views import EntryView, Outcome, OutcomeDigest, new_entry_view
+
+if TYPE_CHECKING:
+    import sqlite3
 
 __all__ = [
     "ROW_FIELDS",
@@ -140,6 +142,16 @@ class OpContext:
     max_argument_bytes: int
 
 
+class Loader(Protocol):
+    """More reads of an operation's own (deferred work's: `ledger.deferred_rows`), run last."""
+
+    def __call__(self, conn: Any, ws: WorkingSet, *, now: datetime, dialect: str) -> None:
+        """Read through the toolkit's connection `conn` (PostgreSQL)."""
+
+    def on_sqlite(self, conn: sqlite3.Connection, ws: WorkingSet) -> None:
+        """Read through the SQLite writer's own connection."""
+
+
 @dataclass(slots=True)
 class Needs:
     """The rows a batch must load (and lock, on PostgreSQL) before its operations decide."""
@@ -150,9 +162,8 @@ class Needs:
     sweep_limit: int = 0
     purge: tuple[timedelta, int] | None = None
     """(age, limit): up to `limit` closed rows unchanged for `age` may be deleted."""
-    loaders: list[Callable[..., None]] = field(default_factory=list)
-    """More reads of an operation's own, run last: `loader(conn, ws, now=…, dialect=…)` (the
-    deferred work's, in `ledger.deferred_queries`)."""
+    loaders: list[Loader] = field(default_factory=list)
+    """More reads of an operation's own, run last (see `Loader`)."""
 
 
 @dataclass(slots=True)

@@ -1,14 +1,15 @@
 """Engines for the two backends, and the one place database errors become ledger errors.
 
-SQLite runs in WAL mode with `synchronous` FULL (or NORMAL when `durability: normal`), a busy
-timeout and foreign keys on. Python's sqlite3 module would open transactions by itself; it is told
-not to, and every transaction is begun here instead: `BEGIN IMMEDIATE` for writers, so two
-processes never both read and then both try to write (which SQLite answers with an immediate
-"database is locked"), plain `BEGIN` for readers, which WAL never blocks.
+SQLite connections are set up as `ledger.sqlite_connect` sets up its own (WAL, `synchronous` FULL
+or NORMAL, a busy timeout, foreign keys on). Python's sqlite3 module would open transactions by
+itself; it is told not to, and every transaction is begun here instead: `BEGIN IMMEDIATE` for
+writers, so two processes never both read and then both try to write (which SQLite answers with
+an immediate "database is locked"), plain `BEGIN` for readers, which WAL never blocks.
 
-The SQLite group-commit writer also gets a synchronous engine on the stdlib `sqlite3` driver: it
-runs a whole batch in one call on its own thread, instead of one hop to aiosqlite's thread per
-statement. Its connections refuse to be used from any other thread (`check_same_thread`).
+On SQLite these engines serve the operator's reads, the migrations and deferred work's loaders:
+the group-commit writer and the proxy's own reads use the stdlib driver directly
+(`ledger.sqlite_transactions`, `ledger.sqlite_reads`), so a proxy that only serves calls never
+imports this module. PostgreSQL's writer takes its connection from the `write` engine.
 """
 
 from __future__ import annotations
@@ -16,27 +17,24 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from sqlalchemy import NullPool, create_engine, event, exc
+from sqlalchemy import event, exc
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from ledger import sqlite_connect
 from ledger.errors import LedgerError, LedgerUnavailable
 from policies.model import LedgerSettings
 
 __all__ = [
-    "BUSY_TIMEOUT_MS",
     "Engines",
     "async_url",
     "is_retryable",
     "open_engines",
-    "sqlite_file",
     "translate_errors",
 ]
 
-BUSY_TIMEOUT_MS = 5000
 _CONNECT_TIMEOUT_S = 5.0
 _WRITE_OPTION = "interlock_ledger_write"
 _DRIVERS = {"sqlite": "aiosqlite", "postgresql": "asyncpg", "postgres": "asyncpg"}
@@ -52,8 +50,11 @@ def async_url(url: str) -> URL:
 
     Raises:
         LedgerError: an unsupported scheme, or an in-memory SQLite database (not durable, and not
-            shared between connections).
+            shared between connections; see `ledger.sqlite_connect.sqlite_path`).
     """
+    if sqlite_connect.is_sqlite_url(url):
+        path = sqlite_connect.sqlite_path(url)
+        return URL.create("sqlite+aiosqlite", database=str(path))
     try:
         parsed = make_url(url)
     except exc.ArgumentError as error:
@@ -62,37 +63,20 @@ def async_url(url: str) -> URL:
     wanted = _DRIVERS.get(backend)
     if wanted is None or driver not in ("", wanted):
         raise LedgerError(f"ledger url {url!r}: use sqlite:///PATH or postgresql://HOST/DB")
-    if backend == "sqlite" and parsed.database in (None, "", ":memory:"):
-        raise LedgerError(f"ledger url {url!r}: the SQLite ledger needs a file path")
     backend = "postgresql" if backend == "postgres" else backend
     return parsed.set(drivername=f"{backend}+{wanted}")
 
 
-def sqlite_file(url: str) -> Path | None:
-    """The database file of a SQLite ledger URL; None for PostgreSQL."""
-    parsed = async_url(url)
-    if parsed.get_backend_name() != "sqlite" or parsed.database is None:
-        return None
-    return Path(parsed.database)
-
-
 @dataclass(frozen=True, slots=True)
 class Engines:
-    """One pool, seen two ways: `write` begins transactions that will write.
-
-    `write_sync` (SQLite only, else None) is the group-commit writer's synchronous engine: every
-    transaction it begins is a write, and each connection stays on the thread that opened it.
-    """
+    """One pool, seen two ways: `write` begins transactions that will write."""
 
     read: AsyncEngine
     write: AsyncEngine
     dialect: str
-    write_sync: Engine | None = None
 
     async def dispose(self) -> None:
         await self.read.dispose()
-        if self.write_sync is not None:
-            self.write_sync.dispose()
 
 
 def open_engines(settings: LedgerSettings) -> Engines:
@@ -102,18 +86,10 @@ def open_engines(settings: LedgerSettings) -> Engines:
         LedgerError: the URL is not usable (see `async_url`).
     """
     url = async_url(settings.url)
-    write_sync: Engine | None = None
     if url.get_backend_name() == "sqlite":
-        engine = create_async_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+        timeout_s = sqlite_connect.BUSY_TIMEOUT_MS / 1000
+        engine = create_async_engine(url, connect_args={"timeout": timeout_s})
         _configure_sqlite(engine.sync_engine, settings.durability)
-        # No pool: the writer holds its one connection across batches, on its own thread.
-        sync_engine = create_engine(
-            url.set(drivername="sqlite+pysqlite"),
-            poolclass=NullPool,
-            connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": True},
-        )
-        _configure_sqlite(sync_engine, settings.durability)
-        write_sync = sync_engine.execution_options(**{_WRITE_OPTION: True})
     else:
         engine = create_async_engine(
             url,
@@ -125,24 +101,16 @@ def open_engines(settings: LedgerSettings) -> Engines:
         read=engine,
         write=engine.execution_options(**{_WRITE_OPTION: True}),
         dialect=url.get_backend_name(),
-        write_sync=write_sync,
     )
 
 
 def _configure_sqlite(engine: Engine, durability: str) -> None:
-    synchronous = "NORMAL" if durability == "normal" else "FULL"
-
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (see module docstring)
         cursor = dbapi_connection.cursor()
-        for pragma in (
-            f"busy_timeout={BUSY_TIMEOUT_MS}",
-            "journal_mode=WAL",
-            f"synchronous={synchronous}",
-            "foreign_keys=ON",
-        ):
-            cursor.execute(f"PRAGMA {pragma}")
+        for statement in sqlite_connect.pragmas(durability):
+            cursor.execute(statement)
         cursor.close()
 
     @event.listens_for(engine, "begin")

@@ -3,8 +3,9 @@
 Deferred work is a call the proxy admitted and recorded whole (`accepted`, with its request and a
 task id) to run later, when admission allows; the caller polls the task for its result. Writes
 are group-committed with every other write of the store (`ledger.deferred_ops`); reads use short
-connections of their own. Task lookups always name the tenant: a task id read by another tenant
-is not found.
+connections of their own (the task reads through the query toolkit, loaded at the first; the
+dispatcher's poll, on SQLite, through `ledger.sqlite_reads`). Task lookups always name the
+tenant: a task id read by another tenant is not found.
 """
 
 from __future__ import annotations
@@ -14,11 +15,8 @@ import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
-from ledger import deferred_queries
 from ledger.deferred_input import AwaitInput, InputResult, ProvideInput
 from ledger.deferred_ops import (
     CancelDeferred,
@@ -30,16 +28,21 @@ from ledger.deferred_ops import (
     NoteUpstreamTask,
     Requeue,
 )
-from ledger.deferred_queries import UPSTREAM_TASK_PREFIX, Candidate
 from ledger.operations import Operation
-from ledger.views import ClaimRequest, EntryView, Outcome
+from ledger.sqlite_reads import SQLiteReads
+from ledger.views import UPSTREAM_TASK_PREFIX, Candidate, ClaimRequest, EntryView, Outcome
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
+    Reading = Callable[[str], contextlib.AbstractAsyncContextManager[AsyncConnection]]
+
 
 __all__ = ["Candidate", "DeferredWork", "TaskPage", "upstream_task_id"]
 
 T = TypeVar("T")
 _TASK_ID_CHARS = 64  # ledger_entries.task_id is VARCHAR(64)
 Submit = Callable[[Operation[T]], Awaitable[T]]
-Reading = Callable[[str], contextlib.AbstractAsyncContextManager[AsyncConnection]]
 
 
 def upstream_task_id(upstream: str, task_id: str) -> str:
@@ -81,9 +84,10 @@ def _parse_cursor(cursor: str) -> tuple[datetime, str]:
 class DeferredWork:
     """Deferred work in one `LedgerStore` (get it as `store.deferred`)."""
 
-    def __init__(self, submit: Submit[Any], reading: Reading) -> None:
+    def __init__(self, submit: Submit[Any], reading: Reading, sqlite: SQLiteReads | None) -> None:
         self._submit = submit
         self._reading = reading
+        self._sqlite = sqlite
 
     # -- writes ---------------------------------------------------------------------------
 
@@ -201,6 +205,8 @@ class DeferredWork:
         Raises:
             LedgerUnavailable.
         """
+        from ledger import deferred_queries
+
         async with self._reading("task") as conn:
             return await deferred_queries.task_owner(conn, task_id)
 
@@ -218,6 +224,8 @@ class DeferredWork:
         Raises:
             LedgerUnavailable.
         """
+        from ledger import deferred_queries
+
         async with self._reading("task") as conn:
             row = await deferred_queries.find_task(conn, task_id, tenant)
         return None if row is None else row.view()
@@ -236,6 +244,8 @@ class DeferredWork:
             ValueError: `cursor` is not one this ledger gave out.
             LedgerUnavailable.
         """
+        from ledger import deferred_queries
+
         before = None if cursor is None else _parse_cursor(cursor)
         async with self._reading("tasks") as conn:
             rows = await deferred_queries.list_tasks(
@@ -252,5 +262,9 @@ class DeferredWork:
         Raises:
             LedgerUnavailable.
         """
+        if self._sqlite is not None:
+            return await self._sqlite.candidates(limit, per_group=per_group)
+        from ledger import deferred_queries
+
         async with self._reading("candidates") as conn:
             return await deferred_queries.candidates(conn, limit, per_group=per_group)

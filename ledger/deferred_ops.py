@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from ledger.batch import EntryRow, Needs, OpContext, WorkingSet
-from ledger.deferred_queries import AcceptedCounts, ClaimableRows
+from ledger.deferred_rows import AcceptedCounts, ClaimableRows
 from ledger.entry_rules import (
     begin_lease,
     current_row,

@@ -1,121 +1,66 @@
-"""The SQL of deferred work, beside `ledger.queries` (same tables, same conventions).
+"""The SQL of deferred work through the toolkit, beside `ledger.queries` (same conventions).
 
-Two loaders run inside the writer's transaction (see `Needs.loaders`): `AcceptedCounts` counts the
-accepted work per tenant and per upstream that a batch's `Defer` operations bound, and
-`ClaimableRows` reads the entries a batch's `ClaimDeferred` operations want to start, locked
-`FOR UPDATE SKIP LOCKED` on PostgreSQL: a row that another replica is claiming right now is
-skipped (that replica has it), and a row this batch gets cannot change under it before COMMIT.
-SQLite's `BEGIN IMMEDIATE` already gives the batch the whole database. The reads serve the task
-routes and the dispatcher.
+The loaders of `ledger.deferred_rows` run these inside the PostgreSQL writer's transaction:
+`accepted_counts` for `AcceptedCounts`, `load_claimable` for `ClaimableRows`, whose rows are
+locked `FOR UPDATE SKIP LOCKED`: a row that another replica is claiming right now is skipped (that
+replica has it), and a row this batch gets cannot change under it before COMMIT. (SQLite's
+writer reads the same with plain statements: `BEGIN IMMEDIATE` already gives its batch the whole
+database.) The reads serve the task routes, and the dispatcher on PostgreSQL.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Self
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ledger.batch import EntryRow, Needs, WorkingSet
+from ledger.batch import EntryRow, WorkingSet
 from ledger.queries import ENTRIES, _locking, _rows, _select_rows
 from ledger.states import EntryState
+from ledger.views import UPSTREAM_TASK_PREFIX, Candidate
 
 __all__ = [
-    "UPSTREAM_TASK_PREFIX",
-    "AcceptedCounts",
-    "Candidate",
-    "ClaimableRows",
+    "accepted_counts",
     "candidates",
     "find_task",
     "list_tasks",
+    "load_claimable",
     "task_owner",
 ]
 
 _ACCEPTED = EntryState.ACCEPTED.value
 _WAITING = sa.and_(ENTRIES.c.state == _ACCEPTED, ENTRIES.c.request.is_not(None))
 """Deferred work that has not started: accepted, with its request."""
-UPSTREAM_TASK_PREFIX = "up:"
-"""Task ids the ledger keeps for tasks an upstream created (`up:<upstream>:<its id>`); the
-proxy's own are URL-safe base64, which never contains ':'."""
 
 
-class _BatchLoader:
-    """A loader the operations of one batch share: `of(needs)` is the batch's one instance."""
-
-    __slots__ = ()
-
-    @classmethod
-    def of(cls, needs: Needs) -> Self:
-        """The batch's loader (one per batch, whatever the number of operations)."""
-        for existing in needs.loaders:
-            if isinstance(existing, cls):
-                return existing
-        loader = cls()
-        needs.loaders.append(loader)
-        return loader
-
-    def __call__(self, conn: sa.Connection, ws: WorkingSet, *, now: datetime, dialect: str) -> None:
-        raise NotImplementedError
-
-
-@dataclass(slots=True)
-class AcceptedCounts(_BatchLoader):
-    """Loader: waiting deferred work per tenant and per upstream, into `ws.facts`
-    (`accepted_by_tenant`, `accepted_by_upstream`)."""
-
-    tenants: set[str] = field(default_factory=set)
-    upstreams: set[str] = field(default_factory=set)
-
-    def add(self, tenant: str, upstream: str) -> None:
-        self.tenants.add(tenant)
-        self.upstreams.add(upstream)
-
-    def __call__(self, conn: sa.Connection, ws: WorkingSet, *, now: datetime, dialect: str) -> None:
-        del now, dialect
-        for name, column, values in (
-            ("accepted_by_tenant", ENTRIES.c.tenant, self.tenants),
-            ("accepted_by_upstream", ENTRIES.c.upstream, self.upstreams),
-        ):
-            stmt = (
-                sa.select(column, sa.func.count())
-                .where(_WAITING, column.in_(sorted(values)))
-                .group_by(column)
-            )
-            ws.facts[name] = {str(key): int(n) for key, n in conn.execute(stmt)}
+def accepted_counts(
+    conn: sa.Connection, tenants: set[str], upstreams: set[str]
+) -> dict[str, dict[str, int]]:
+    """Waiting deferred work of these tenants and upstreams (`AcceptedCounts`' facts)."""
+    facts = {}
+    for name, column, values in (
+        ("accepted_by_tenant", ENTRIES.c.tenant, tenants),
+        ("accepted_by_upstream", ENTRIES.c.upstream, upstreams),
+    ):
+        stmt = (
+            sa.select(column, sa.func.count())
+            .where(_WAITING, column.in_(sorted(values)))
+            .group_by(column)
+        )
+        facts[name] = {str(key): int(n) for key, n in conn.execute(stmt)}
+    return facts
 
 
-@dataclass(slots=True)
-class ClaimableRows(_BatchLoader):
-    """Loader: the named entries that are waiting deferred work, each locked by this batch or
-    left out (another replica is claiming it)."""
-
-    ids: set[str] = field(default_factory=set)
-
-    def add(self, entry_id: str) -> None:
-        self.ids.add(entry_id)
-
-    def __call__(self, conn: sa.Connection, ws: WorkingSet, *, now: datetime, dialect: str) -> None:
-        del now
-        stmt = _select_rows().where(_WAITING, ENTRIES.c.id.in_(sorted(self.ids)))
-        result = conn.execute(_locking(stmt.order_by(ENTRIES.c.id), dialect, skip_locked=True))
-        for row in _rows(result):
-            if row.id not in ws.rows:
-                ws.load(row)
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """Waiting deferred work as the dispatcher sees it (without its request)."""
-
-    entry_id: str
-    tenant: str
-    upstream: str
-    tool: str
-    work_class: str
-    run_id: str | None
-    created_at: datetime
+def load_claimable(conn: sa.Connection, ids: set[str], ws: WorkingSet, dialect: str) -> None:
+    """The named entries that are waiting deferred work, locked `FOR UPDATE SKIP LOCKED` on
+    PostgreSQL, into `ws` (`ClaimableRows`)."""
+    stmt = _select_rows().where(_WAITING, ENTRIES.c.id.in_(sorted(ids)))
+    result = conn.execute(_locking(stmt.order_by(ENTRIES.c.id), dialect, skip_locked=True))
+    for row in _rows(result):
+        if row.id not in ws.rows:
+            ws.load(row)
 
 
 _CANDIDATE_COLUMNS = (

@@ -14,8 +14,8 @@ Only `UNAVAILABLE` fails a whole batch: one bad value can only ever fail its own
 from __future__ import annotations
 
 import enum
-
-from sqlalchemy import exc
+import sys
+from typing import Protocol, cast
 
 __all__ = ["Fault", "classify", "describe"]
 
@@ -48,7 +48,8 @@ def classify(error: BaseException, *, committing: bool) -> Fault:
     if lost:
         return Fault.UNAVAILABLE if committing else Fault.RETRY
     # SQLAlchemy wraps the driver's error; the writer's plain statements raise it bare.
-    driver = error.orig if isinstance(error, exc.DBAPIError) else error
+    wrapped = _toolkit_error(error)
+    driver = error if wrapped is None else wrapped.orig
     if driver is not None:
         sqlstate = getattr(driver, "sqlstate", None) or getattr(driver, "pgcode", None)
         if isinstance(sqlstate, str) and sqlstate:
@@ -70,12 +71,29 @@ def classify(error: BaseException, *, committing: bool) -> Fault:
     return Fault.ISOLATE
 
 
+def _toolkit_error(error: BaseException) -> _Wrapped | None:
+    """`error` as SQLAlchemy's wrapper of a driver's error, or None. (It can only be one once
+    SQLAlchemy is loaded, and a SQLite proxy that only serves calls never loads it.)"""
+    toolkit = sys.modules.get("sqlalchemy.exc")
+    if toolkit is None or not isinstance(error, toolkit.DBAPIError):
+        return None
+    return cast(_Wrapped, error)
+
+
+class _Wrapped(Protocol):
+    """What this module reads of SQLAlchemy's `DBAPIError`."""
+
+    orig: BaseException | None
+    connection_invalidated: bool
+
+
 def _connection_lost(error: BaseException) -> bool:
     driver: BaseException | None = error
-    if isinstance(error, exc.DBAPIError):
-        if error.connection_invalidated:
+    wrapped = _toolkit_error(error)
+    if wrapped is not None:
+        if wrapped.connection_invalidated:
             return True
-        driver = error.orig
+        driver = wrapped.orig
     if driver is None:
         return False
     sqlstate = getattr(driver, "sqlstate", None)
@@ -95,6 +113,7 @@ def _connection_lost(error: BaseException) -> bool:
 
 def describe(error: BaseException) -> str:
     """One line for a log or a `LedgerUnavailable` message."""
-    if isinstance(error, exc.DBAPIError):
-        return str(error.orig).strip() or type(error.orig).__name__
+    wrapped = _toolkit_error(error)
+    if wrapped is not None:
+        return str(wrapped.orig).strip() or type(wrapped.orig).__name__
     return str(error).strip() or type(error).__name__

@@ -5,20 +5,17 @@ a transaction-scoped advisory lock, so replicas starting together migrate once, 
 Both backends have transactional DDL, so a migration that dies half-way leaves nothing behind.
 
 Alembic is imported only when a migration actually runs: opening a current database (every
-proxy start, every `interlock ledger` command) compares its revision with `HEAD_REVISION`, and a
-test keeps that constant equal to the newest script. `interlock serve` goes further
-(`LedgerStore.open(..., migrate_in_child=True)`): a database that is behind is migrated by a
-child process (`upgrade_in_child`, this module run as a program), so Alembic (about 12 MB,
-resident for the process's life once imported) never enters the proxy's memory; when the child
-cannot do it, the open migrates in-process as before.
+proxy start, every `interlock ledger` command) compares its revision with `HEAD_REVISION`
+(`ledger.revisions`). `interlock serve` goes further (`LedgerStore.open(...,
+migrate_in_child=True)`): a database that is behind is migrated by a child process (this module
+run as a program), so Alembic (about 12 MB, resident for the process's life once imported) never
+enters the proxy's memory; when the child cannot do it, the open migrates in-process as before.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +24,7 @@ import sqlalchemy as sa
 
 from ledger.db import Engines, open_engines, translate_errors
 from ledger.errors import LedgerUnavailable
+from ledger.revisions import HEAD_REVISION, VERSION_TABLE, migrate_in_child
 from policies.model import LedgerSettings
 
 if TYPE_CHECKING:
@@ -43,15 +41,8 @@ __all__ = [
     "upgrade_in_child",
 ]
 
-log = logging.getLogger("interlock.ledger")
-
-HEAD_REVISION = "0004"
-"""The newest revision under `ledger/migrations/versions` (a test checks they agree)."""
-
-VERSION_TABLE = "interlock_ledger_version"
 _ADVISORY_LOCK = 0x1E06E5  # any constant shared by every replica
 _LOCKED_RETRIES = 6
-_CHILD_ERROR_CHARS = 2000  # of a failed child's stderr, in the log line that reports it
 
 
 def alembic_config(connection: sa.Connection | None = None) -> Config:
@@ -149,48 +140,19 @@ async def migrate_ledger(settings: LedgerSettings) -> tuple[str | None, str]:
 
 
 async def upgrade_in_child(engines: Engines, settings: LedgerSettings) -> bool:
-    """Migrate the database of `engines` to head in a child process when it is behind.
+    """Migrate the database of `engines` to head in a child process when it is behind
+    (`ledger.revisions.migrate_in_child`).
 
     True when the schema is current afterwards (it already was, or the child migrated it); False
     when the child failed or could not start (logged): the caller's own `upgrade` then migrates
-    in-process. The settings go to the child on its stdin, never on its command line (a
-    PostgreSQL URL may hold a password).
+    in-process.
 
     Raises:
         LedgerUnavailable: the database cannot be read (no child is started).
     """
     if await current_revision(engines) == HEAD_REVISION:
         return True
-    try:
-        child = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "ledger.migrate",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-    except OSError as error:  # no interpreter to start (an embedded or frozen Python)
-        log.warning(
-            "no child process for the ledger migration, migrating in this process: %s", error
-        )
-        return False
-    try:
-        _, errors = await child.communicate(json.dumps(dataclasses.asdict(settings)).encode())
-    finally:
-        if child.returncode is None:  # cancelled while it ran
-            child.kill()
-            await child.wait()
-    if child.returncode != 0:
-        detail = errors.decode(errors="replace").strip()[-_CHILD_ERROR_CHARS:]
-        log.warning(
-            "the ledger migration in a child process failed (exit %s), migrating in this "
-            "process instead: %s",
-            child.returncode,
-            detail or "no message",
-        )
-        return False
-    return True
+    return await migrate_in_child(settings)
 
 
 def _migrate_from_stdin() -> int:

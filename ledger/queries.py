@@ -1,11 +1,11 @@
 """The ledger's statements through SQLAlchemy Core, for SQLite and PostgreSQL alike.
 
-The reads (`find_entry`, `list_entries`, …) are async. `load` reads the rows of a write batch
-that sweeps, purges or runs an operation's own loader (`ledger.transactions`: not the hot path,
-whose statements are plain SQL in `ledger.sqlite_sql` and `ledger.pg_sql`, as are every batch's
-writes). Rows a batch will change are read with `FOR UPDATE` (PostgreSQL; SQLite's
-`BEGIN IMMEDIATE` already holds the database's write lock), so the decisions made in Python cannot
-be raced by another process before the commit.
+The reads (`find_entry`, `list_entries`, …) are async. `load` reads the rows of a PostgreSQL
+write batch that sweeps, purges or runs an operation's own loader (`ledger.pg_transactions`: not
+the hot path, whose statements are plain SQL in `ledger.pg_sql`, as are every batch's writes; a
+SQLite batch reads all of these with `ledger.sqlite_sql`). Rows a batch will change are read with
+`FOR UPDATE`, so the decisions made in Python cannot be raced by another process before the
+commit.
 """
 
 from __future__ import annotations

@@ -2,6 +2,11 @@
 
 `LedgerStore` is built on `LedgerReads`: each read takes its own short connection from the read
 engine (never the writer's), and a database that cannot be read raises `LedgerUnavailable`.
+
+The reads a proxy makes all day (readiness, entry counts, the oldest waits) go to
+`ledger.sqlite_reads` on SQLite;
+the others use the query toolkit (`ledger.queries`), imported, with the engines, at the first
+such read: a SQLite proxy that only serves calls never loads it.
 """
 
 from __future__ import annotations
@@ -9,21 +14,28 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
-from ledger import queries
-from ledger.db import Engines, translate_errors
+from ledger.sqlite_reads import SQLiteReads
 from ledger.states import EntryState
 from ledger.views import EntryView, TransitionView
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
+    from ledger.db import Engines
 
 __all__ = ["LedgerReads"]
 
 
 class LedgerReads:
-    """The read side of `LedgerStore` (its engines are the store's)."""
+    """The read side of `LedgerStore`: `_sqlite` is its plain reader on SQLite (else None),
+    `_engines()` its toolkit engines, made when first asked for."""
 
-    _engines: Engines
+    _sqlite: SQLiteReads | None
+
+    def _engines(self) -> Engines:
+        raise NotImplementedError
 
     async def ping(self) -> None:
         """Return if the ledger can be read.
@@ -31,6 +43,11 @@ class LedgerReads:
         Raises:
             LedgerUnavailable: it cannot.
         """
+        if self._sqlite is not None:
+            await self._sqlite.ping()
+            return
+        from ledger import queries
+
         async with self._reading("ping") as conn:
             await queries.ping(conn)
 
@@ -40,6 +57,8 @@ class LedgerReads:
         Raises:
             EntryNotFound, AmbiguousReference, LedgerUnavailable.
         """
+        from ledger import queries
+
         async with self._reading("read") as conn:
             row = await queries.find_entry(conn, entry_or_key)
             history = await queries.history(conn, row.id)
@@ -55,6 +74,8 @@ class LedgerReads:
         limit: int = 100,
     ) -> list[EntryView]:
         """Entries matching every given filter, newest first."""
+        from ledger import queries
+
         states = [] if state is None else [state] if isinstance(state, str) else list(state)
         async with self._reading("list") as conn:
             rows = await queries.list_entries(
@@ -69,22 +90,35 @@ class LedgerReads:
 
     async def stats(self) -> dict[tuple[str, str], int]:
         """Entry counts by (state, upstream)."""
+        from ledger import queries
+
         async with self._reading("stats") as conn:
             return await queries.stats(conn)
 
     async def count_by_state(self) -> dict[str, int]:
         """Entry counts by state; every state is present, zero when empty."""
-        async with self._reading("stats") as conn:
-            counts = await queries.count_by_state(conn)
+        if self._sqlite is not None:
+            counts = await self._sqlite.count_by_state()
+        else:
+            from ledger import queries
+
+            async with self._reading("stats") as conn:
+                counts = await queries.count_by_state(conn)
         return {state.value: counts.get(state.value, 0) for state in EntryState}
 
     async def oldest_in_state(self, state: EntryState | str) -> datetime | None:
         """When the longest-waiting entry in `state` entered it (e.g. the oldest `unknown`)."""
+        if self._sqlite is not None:
+            return await self._sqlite.oldest_change(EntryState(state).value)
+        from ledger import queries
+
         async with self._reading("stats") as conn:
             return await queries.oldest_change(conn, EntryState(state).value)
 
     @contextlib.asynccontextmanager
     async def _reading(self, what: str) -> AsyncIterator[AsyncConnection]:
+        from ledger.db import translate_errors
+
         with translate_errors(what):
-            async with self._engines.read.connect() as conn:
+            async with self._engines().read.connect() as conn:
                 yield conn

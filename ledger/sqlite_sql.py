@@ -9,6 +9,10 @@ states as their text. Only plain `str`, `int` and `float` values bind at the dri
 and a new entry has a dozen NULL columns), so a NULL is written as a literal in the statement:
 rows are grouped by which of their values are set, one prepared statement per shape.
 
+The lease sweep's and the purge's reads and deferred work's loaders are plain statements too, so
+a SQLite proxy's writer never needs the query toolkit (`ledger.queries` reads the same on
+PostgreSQL, locking what it reads).
+
 Everything here runs on the writer's thread, inside the transaction `begin` opened:
 `BEGIN IMMEDIATE` takes the database's write lock before anything is read, so the rows read
 cannot change under the batch's decisions before COMMIT.
@@ -25,8 +29,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ledger.batch import ROW_FIELDS, EntryRow, Needs, WorkingSet
+from ledger.states import PURGEABLE, EntryState
 
-__all__ = ["begin", "commit", "database_now", "flush", "load", "rollback"]
+__all__ = [
+    "WAITING",
+    "accepted_counts",
+    "begin",
+    "commit",
+    "database_now",
+    "flush",
+    "load",
+    "load_claimable",
+    "rollback",
+]
 
 _COLUMNS = ", ".join(ROW_FIELDS)
 _TIME_FIELDS = frozenset(
@@ -61,6 +76,16 @@ _NONES = (None,) * max(len(ROW_FIELDS), len(_HISTORY_FIELDS))
 Shape = tuple[bool, ...]
 """Which of a row's values are set (bound as `?`); the others are NULL literals."""
 _NOW = "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"
+_PURGEABLE = (
+    "SELECT id FROM ledger_entries WHERE state IN "
+    f"({', '.join(repr(str(state)) for state in sorted(PURGEABLE))}) AND updated_at < ? LIMIT ?"
+)
+_EXPIRED = (
+    f"SELECT {_COLUMNS} FROM ledger_entries WHERE state = '{EntryState.RUNNING.value}' "
+    "AND lease_expires_at < ? ORDER BY id LIMIT ?"
+)
+WAITING = f"state = '{EntryState.ACCEPTED.value}' AND request IS NOT NULL"
+"""Deferred work that has not started: accepted, with its request."""
 
 
 def begin(conn: sqlite3.Connection) -> None:
@@ -83,9 +108,16 @@ def database_now(conn: sqlite3.Connection) -> datetime:
     return datetime.fromisoformat(f"{text}+00:00")
 
 
-def load(conn: sqlite3.Connection, needs: Needs, ws: WorkingSet) -> None:
-    """Read every row `needs.ids` and `needs.keys` name into `ws` (the other needs are not
-    read here: see `ledger.queries.load`)."""
+def load(conn: sqlite3.Connection, needs: Needs, ws: WorkingSet, *, now: datetime) -> None:
+    """Read everything `needs` names into `ws`: the closed rows old enough to purge (ids only),
+    the rows named by id and by key, the running rows whose lease had expired by `now` (the
+    sweep), then what the loaders read. (`ledger.queries.load` is the same on PostgreSQL.)"""
+    text = _TimeTexts()
+    if needs.purge is not None:
+        older_than, limit = needs.purge
+        # No ORDER BY: any `limit` closed rows will do, found without sorting them all.
+        found = conn.execute(_PURGEABLE, (text(now - older_than), limit))
+        ws.purgeable.extend(row_id for (row_id,) in found)
     if needs.ids:
         ids = sorted(needs.ids)
         _load_rows(conn, _select_by_ids(len(ids)), ids, ws)
@@ -95,6 +127,44 @@ def load(conn: sqlite3.Connection, needs: Needs, ws: WorkingSet) -> None:
         tenants, upstreams, keys = (sorted(set(part)) for part in zip(*needs.keys, strict=True))
         sql = _select_by_keys(len(keys), len(tenants), len(upstreams))
         _load_rows(conn, sql, [*keys, *tenants, *upstreams], ws)
+    if needs.sweep_limit:
+        for values in conn.execute(_EXPIRED, (text(now), needs.sweep_limit)):
+            row = _entry(values)
+            if row.id not in ws.rows:
+                ws.load(row)
+            ws.expired.append(row.id)
+    for loader in needs.loaders:
+        loader.on_sqlite(conn, ws)
+
+
+def accepted_counts(
+    conn: sqlite3.Connection, tenants: set[str], upstreams: set[str]
+) -> dict[str, dict[str, int]]:
+    """Waiting deferred work of these tenants and upstreams (`AcceptedCounts`' facts)."""
+    facts = {}
+    for name, column, values in (
+        ("accepted_by_tenant", "tenant", sorted(tenants)),
+        ("accepted_by_upstream", "upstream", sorted(upstreams)),
+    ):
+        sql = (
+            f"SELECT {column}, count(*) FROM ledger_entries WHERE {WAITING} "
+            f"AND {column} IN ({_marks(len(values))}) GROUP BY {column}"
+        )
+        facts[name] = {str(key): int(n) for key, n in conn.execute(sql, values)}
+    return facts
+
+
+def load_claimable(conn: sqlite3.Connection, ids: set[str], ws: WorkingSet) -> None:
+    """The named entries that are waiting deferred work, into `ws` (`ClaimableRows`)."""
+    wanted = sorted(ids)
+    sql = (
+        f"SELECT {_COLUMNS} FROM ledger_entries WHERE {WAITING} "
+        f"AND id IN ({_marks(len(wanted))}) ORDER BY id"
+    )
+    for values in conn.execute(sql, wanted):
+        row = _entry(values)
+        if row.id not in ws.rows:
+            ws.load(row)
 
 
 def flush(conn: sqlite3.Connection, ws: WorkingSet) -> bool:

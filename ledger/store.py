@@ -4,6 +4,12 @@ Writes go through the group-commit writer (one transaction and one fsync per bat
 (`ledger.reads`) use their own short connection each. Every method that touches the database raises
 `LedgerUnavailable` when it cannot, so callers fail closed on one exception type.
 
+On SQLite the writer, the lease sweep, the purge and the reads a proxy makes all day use the
+stdlib driver (`ledger.sqlite_transactions`, `ledger.sqlite_reads`): the query toolkit
+(SQLAlchemy, SQLModel, aiosqlite: about 30 MB resident once imported) is loaded only by an
+operator's read, a migration or deferred work's task reads. PostgreSQL opens the toolkit's
+engines at once (its writer's connection comes from them).
+
 Times the ledger decides with (leases, their expiry, the dedup window, retention) come from the
 database's clock, read inside each write transaction: replicas whose own clocks disagree still
 agree on when a lease ends.
@@ -14,16 +20,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from ledger import queries
+from ledger import revisions
 from ledger.batch import OpContext, new_entry_id
-from ledger.db import Engines, open_engines, sqlite_file
 from ledger.deferred import DeferredWork
 from ledger.errors import LedgerError, LedgerUnavailable
 from ledger.finishing import BackgroundFinishes
 from ledger.in_flight import CallsInFlight
-from ledger.migrate import HEAD_REVISION, current_revision, upgrade, upgrade_in_child
 from ledger.operations import (
     DEFAULT_MAX_ATTEMPTS,
     Claim,
@@ -35,9 +39,16 @@ from ledger.operations import (
 )
 from ledger.reads import LedgerReads
 from ledger.reconcile_ops import Purge, Resolve, Sweep
+from ledger.sqlite_connect import is_sqlite_url, sqlite_path
+from ledger.sqlite_reads import SQLiteReads
+from ledger.sqlite_transactions import SQLiteTransactions
+from ledger.transactions import Transactions
 from ledger.views import ClaimRequest, ClaimResult, EntryView, Outcome
 from ledger.writer import GroupCommitWriter, WriterStats
 from policies.model import LedgerSettings
+
+if TYPE_CHECKING:
+    from ledger.db import Engines
 
 __all__ = ["LedgerStore", "utcnow"]
 
@@ -56,28 +67,38 @@ class LedgerStore(LedgerReads):
 
     def __init__(
         self,
-        engines: Engines,
         settings: LedgerSettings,
         *,
         owner: str,
+        sqlite: SQLiteReads | None,
+        engines: Engines | None,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
-        self._engines = engines
+        """Use `open`. `sqlite`: the SQLite ledger's reader (None: PostgreSQL, on `engines`)."""
         self._settings = settings
         self._owner = owner
+        self._toolkit = engines
+        self._sqlite = sqlite
+        transactions: Transactions
+        if sqlite is not None:
+            transactions = SQLiteTransactions(
+                sqlite.path, settings.durability, self._context, clock
+            )
+        else:
+            from ledger.pg_transactions import PostgresTransactions
+
+            transactions = PostgresTransactions(self._engines().write, self._context, clock)
         max_batch = _GROUP_COMMIT_MAX_BATCH if settings.group_commit else 1
         self._in_flight = CallsInFlight(settings.lease_s) if settings.commit_delay_ms else None
         self._writer = GroupCommitWriter(
-            engines,
-            self._context,
+            transactions,
             max_batch=max_batch,
-            clock=clock,
             commit_delay_s=settings.commit_delay_ms / 1000,
             in_flight=self._in_flight.count if self._in_flight is not None else None,
         )
         self._finishing = BackgroundFinishes()
         self._closed = False
-        self.deferred = DeferredWork(self._writer.submit, self._reading)
+        self.deferred = DeferredWork(self._writer.submit, self._reading, self._sqlite)
         """Deferred work: accepted calls with their requests, claimed later (`ledger.deferred`)."""
 
     @classmethod
@@ -109,24 +130,29 @@ class LedgerStore(LedgerReads):
         """
         if clock is not None and clock().utcoffset() is None:
             raise LedgerError("the ledger clock must return timezone-aware datetimes")
-        path = sqlite_file(settings.url)
-        if not migrate and path is not None and not path.exists():
-            raise LedgerUnavailable(
-                f"no ledger database at {path} (run `interlock ledger migrate`)"
-            )
-        engines = open_engines(settings)
+        sqlite, engines = None, None
+        if is_sqlite_url(settings.url):
+            file = sqlite_path(settings.url)
+            if not migrate and not file.exists():
+                raise LedgerUnavailable(
+                    f"no ledger database at {file} (run `interlock ledger migrate`)"
+                )
+            sqlite = SQLiteReads(file, settings.durability)
+        else:
+            from ledger.db import open_engines
+
+            engines = open_engines(settings)
         try:
-            if migrate:
-                # The child's check (or its migration) leaves the schema current; only when it
-                # could not do that does the open migrate here.
-                if not (migrate_in_child and await upgrade_in_child(engines, settings)):
-                    await upgrade(engines)
-            else:
-                await _check_schema(engines)
+            engines = await _schema_at_head(
+                settings, sqlite, engines, migrate=migrate, in_child=migrate_in_child
+            )
         except BaseException:
-            await engines.dispose()
+            if sqlite is not None:
+                await sqlite.close()
+            if engines is not None:
+                await engines.dispose()
             raise
-        return cls(engines, settings, owner=owner, clock=clock)
+        return cls(settings, owner=owner, sqlite=sqlite, engines=engines, clock=clock)
 
     async def close(self) -> None:
         """Let background finishes land (bounded), commit what is queued, then release every
@@ -138,7 +164,10 @@ class LedgerStore(LedgerReads):
         try:
             await self._writer.close()
         finally:
-            await self._engines.dispose()
+            if self._sqlite is not None:
+                await self._sqlite.close()
+            if self._toolkit is not None:
+                await self._toolkit.dispose()
 
     @property
     def owner(self) -> str:
@@ -303,6 +332,8 @@ class LedgerStore(LedgerReads):
         """
         if as_ not in ("succeeded", "failed", "retry"):
             raise ValueError(f"resolve as succeeded, failed or retry, not {as_!r}")
+        from ledger import queries
+
         async with self._reading("lookup") as conn:
             row = await queries.find_entry(conn, entry_or_key)
         return await self._writer.submit(Resolve(row.id, as_, note, actor, max_attempts))
@@ -344,6 +375,14 @@ class LedgerStore(LedgerReads):
         """How many times the group-commit writer died and was started again."""
         return self._writer.restarts
 
+    def _engines(self) -> Engines:
+        """The toolkit's engines (on SQLite made, and the toolkit imported, when first asked)."""
+        if self._toolkit is None:
+            from ledger.db import open_engines
+
+            self._toolkit = open_engines(self._settings)
+        return self._toolkit
+
     def _ended(self, entry_id: str) -> None:
         """The call of `entry_id` reports its end: the commit delay no longer waits for it."""
         if self._in_flight is not None:
@@ -359,10 +398,49 @@ class LedgerStore(LedgerReads):
         )
 
 
-async def _check_schema(engines: Engines) -> None:
-    found, wanted = await current_revision(engines), HEAD_REVISION
-    if found != wanted:
+async def _schema_at_head(
+    settings: LedgerSettings,
+    sqlite: SQLiteReads | None,
+    engines: Engines | None,
+    *,
+    migrate: bool,
+    in_child: bool,
+) -> Engines | None:
+    """Check the schema's revision (on SQLite through `sqlite`, else through `engines`) and, when
+    it is behind and `migrate` allows, migrate it: in a child process when `in_child` asks for
+    it, and here when not or when the child could not. The toolkit's engines afterwards (made
+    here for an in-process migration on SQLite; None when nothing needed them).
+
+    Raises:
+        LedgerUnavailable: the database cannot be read or migrated, or (`migrate=False`) it is
+            not at the revision this version needs.
+    """
+    if sqlite is not None:
+        found = await sqlite.revision()
+    else:
+        from ledger.migrate import current_revision
+
+        assert engines is not None
+        found = await current_revision(engines)
+    if found == revisions.HEAD_REVISION:
+        return engines
+    if not migrate:
         raise LedgerUnavailable(
-            f"the ledger schema is at revision {found or '(none)'}, this version needs {wanted}: "
-            "run `interlock ledger migrate`"
+            f"the ledger schema is at revision {found or '(none)'}, this version needs "
+            f"{revisions.HEAD_REVISION}: run `interlock ledger migrate`"
         )
+    if in_child and await revisions.migrate_in_child(settings):
+        return engines
+    from ledger.db import open_engines
+    from ledger.migrate import upgrade
+
+    if engines is not None:
+        await upgrade(engines)
+        return engines
+    made = open_engines(settings)
+    try:
+        await upgrade(made)
+    except BaseException:
+        await made.dispose()
+        raise
+    return made

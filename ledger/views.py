@@ -13,6 +13,8 @@ from typing import Any, Literal, TypeVar
 from ledger.states import EntryState
 
 __all__ = [
+    "UPSTREAM_TASK_PREFIX",
+    "Candidate",
     "ClaimKind",
     "ClaimRequest",
     "ClaimResult",
@@ -186,3 +188,21 @@ def transition_json(transition: TransitionView) -> dict[str, Any]:
     data = dataclasses.asdict(transition)
     data["at"] = transition.at.isoformat()
     return data
+
+
+UPSTREAM_TASK_PREFIX = "up:"
+"""Task ids the ledger keeps for tasks an upstream created (`up:<upstream>:<its id>`); the
+proxy's own are URL-safe base64, which never contains ':'."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """Waiting deferred work as the dispatcher sees it (without its request)."""
+
+    entry_id: str
+    tenant: str
+    upstream: str
+    tool: str
+    work_class: str
+    run_id: str | None
+    created_at: datetime

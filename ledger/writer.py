@@ -25,7 +25,8 @@ itself dies, every caller waiting on it gets `LedgerUnavailable` at once, and th
 a new writer.
 
 How a batch becomes one transaction on each backend (plain prepared SQL on the driver's own
-connection for claims, finishes and renewals; one thread for SQLite) is `ledger.transactions`.
+connection for claims, finishes and renewals; one thread for SQLite) is `ledger.transactions`,
+`ledger.sqlite_transactions` and `ledger.pg_transactions`.
 """
 
 from __future__ import annotations
@@ -35,20 +36,12 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, TypeVar
 
-from ledger.db import Engines
 from ledger.errors import LedgerError, LedgerUnavailable
 from ledger.faults import Fault, classify
 from ledger.operations import Operation
-from ledger.transactions import (
-    ContextAt,
-    LostRace,
-    PostgresTransactions,
-    SQLiteTransactions,
-    TransactionFailed,
-)
+from ledger.transactions import LostRace, TransactionFailed, Transactions
 
 __all__ = ["GroupCommitWriter", "WriterStats"]
 
@@ -81,21 +74,18 @@ class _BatchFailed(Exception):
 
 
 class GroupCommitWriter:
-    """The single writer of one `LedgerStore`.
+    """The single writer of one `LedgerStore`, running its batches on `transactions` (the
+    backend's connection).
 
     `in_flight` counts the calls whose next write is still to come (for the commit delay; None:
     no call is ever waited for).
-    `clock`, when given, stands in for the database's clock (tests); otherwise each batch reads
-    the time from the database once its transaction holds the write lock.
     """
 
     def __init__(
         self,
-        engines: Engines,
-        context: ContextAt,
+        transactions: Transactions,
         *,
         max_batch: int,
-        clock: Callable[[], datetime] | None = None,
         commit_delay_s: float = 0.0,
         in_flight: Callable[[], int] | None = None,
     ) -> None:
@@ -105,11 +95,7 @@ class GroupCommitWriter:
         self._gathering: asyncio.Future[None] | None = None
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
         self._closed = False
-        self._transactions: SQLiteTransactions | PostgresTransactions
-        if engines.write_sync is not None:
-            self._transactions = SQLiteTransactions(engines.write_sync, context, clock)
-        else:
-            self._transactions = PostgresTransactions(engines.write, context, clock)
+        self._transactions = transactions
         self._batches = 0
         self._operations = 0
         self._restarts = 0

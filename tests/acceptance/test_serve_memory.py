@@ -4,14 +4,19 @@ once imported)."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sqlite3
 import urllib.request
 from pathlib import Path
 
+import aiohttp
+from mcp import Client
+
 from bench.bench_idle import SERVE_LISTING
 from ledger.migrate import HEAD_REVISION, VERSION_TABLE
 from tests.acceptance.test_proxy_crash import _free_port, proxy_process, write_config
+from tests.integration.mcp_servers import running_upstream
 
 
 def _modules_of_a_serve(folder: Path) -> set[str]:
@@ -41,3 +46,47 @@ def test_serve_migrates_a_new_ledger_without_loading_alembic(tmp_path: Path) -> 
     assert sorted(m for m in modules if m.partition(".")[0] == "alembic") == []
     again = _modules_of_a_serve(tmp_path)  # a restart on the migrated ledger
     assert sorted(m for m in again if m.partition(".")[0] == "alembic") == []
+
+
+_SQL_TOOLKIT = ("sqlalchemy", "sqlmodel", "aiosqlite", "greenlet")
+"""The ledger's query and schema stack (about 30 MB resident once imported): the operator's
+reads and the migrations use it; a proxy that only serves calls must not need it."""
+
+
+async def test_a_sqlite_serve_that_served_calls_never_loads_the_sql_toolkit(
+    tmp_path: Path,
+) -> None:
+    """Calls of both kinds, a lease sweep and a purge, the deferred-work poll, readiness and a
+    metrics scrape: what a busy sidecar does all day. None of it loads the query toolkit."""
+    port = _free_port()
+    listing = tmp_path / "modules.txt"
+    with running_upstream() as upstream:
+        config = tmp_path / "interlock.yaml"
+        config.write_text(
+            f'listen: "127.0.0.1:{port}"\n'
+            "ledger: {url: 'sqlite:///ledger.db', sweep_interval_s: 0.1}\n"
+            "deferred: {poll_interval_s: 0.1}\n"
+            f'upstreams:\n  up: {{mcp: "{upstream.url}"}}\n'
+        )
+        base = f"http://127.0.0.1:{port}"
+        with proxy_process(config, ("-c", SERVE_LISTING, str(listing))) as process:
+            async with Client(f"{base}/mcp/up", mode="legacy") as client:
+                for n in range(3):
+                    found = await client.call_tool("search_docs", {"query": f"q{n}"})
+                    assert not found.is_error
+                    sent = await client.call_tool(
+                        "send_email", {"to": "a@example.com", "subject": f"s{n}"}
+                    )
+                    assert not sent.is_error
+            await asyncio.sleep(0.5)  # several sweeps, purges and polls
+            async with aiohttp.ClientSession() as http:
+                for path in ("/readyz", "/metrics"):
+                    async with http.get(f"{base}{path}") as answer:
+                        assert answer.status == 200, await answer.text()
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=20) == 0
+        assert upstream.stats()["emails_total"] == 3
+    modules = set(listing.read_text().split("\n"))
+    assert "ledger.store" in modules
+    loaded = sorted(m for m in modules if m.partition(".")[0] in _SQL_TOOLKIT)
+    assert loaded == [], f"serve loaded {len(loaded)} modules of the toolkit: {loaded[:8]}"

@@ -12,12 +12,12 @@ from types import SimpleNamespace
 import pytest
 
 from bench.bench_ledger_phases import JOB, measure
-from ledger import sqlite_sql, transactions
+from ledger import sqlite_sql, sqlite_transactions, transactions
 
 
 async def test_every_step_of_a_batch_is_timed_and_the_ledger_is_restored() -> None:
     originals = {name: getattr(sqlite_sql, name) for name in ("begin", "load", "flush", "commit")}
-    decide, job = transactions._decide, transactions.SQLiteTransactions._transaction
+    decide, job = transactions.decide, sqlite_transactions.SQLiteTransactions._transaction
 
     (result,) = await measure(seconds=0.2, rounds=1)
 
@@ -30,16 +30,16 @@ async def test_every_step_of_a_batch_is_timed_and_the_ledger_is_restored() -> No
     assert result.calls["commit"] == result.calls[JOB]
     for name, fn in originals.items():
         assert getattr(sqlite_sql, name) is fn, name
-    assert transactions._decide is decide
-    assert transactions.SQLiteTransactions._transaction is job
+    assert transactions.decide is decide
+    assert sqlite_transactions.SQLiteTransactions._transaction is job
 
 
 async def test_a_step_the_ledger_no_longer_calls_fails_the_benchmark(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # As if `ledger.transactions` reached its SQL by another route than `ledger.sqlite_sql`:
+    # As if the SQLite writer reached its SQL by another route than `ledger.sqlite_sql`:
     # the same functions run, none through the names the benchmark wraps.
-    monkeypatch.setattr(transactions, "sqlite_sql", SimpleNamespace(**vars(sqlite_sql)))
+    monkeypatch.setattr(sqlite_transactions, "sqlite_sql", SimpleNamespace(**vars(sqlite_sql)))
 
     with pytest.raises(RuntimeError, match="never called begin, database_now, load, flush"):
         await measure(seconds=0.1, rounds=1)

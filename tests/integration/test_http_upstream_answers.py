@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger import LedgerStore
-from ledger import db as ledger_db
+from ledger import LedgerStore, sqlite_connect
 from tests.integration import fake_provider
 from tests.integration.fake_provider import FakeProvider, wait_until
 from tests.integration.http_calls import post, settled
@@ -111,7 +110,7 @@ async def test_a_finish_interrupted_by_shutdown_still_lands(
     being retried when shutdown begins (grace 0): the ledger comes back as it starts closing and
     the finish commits before it closes (`succeeded`, never left `running`). Another process
     holds SQLite's write lock past the busy timeout."""
-    monkeypatch.setattr(ledger_db, "BUSY_TIMEOUT_MS", 200)
+    monkeypatch.setattr(sqlite_connect, "BUSY_TIMEOUT_MS", 200)
     text = config(provider) + "\n        shutdown_grace_s: 0\n"
     provider.action_gate = asyncio.Event()
     # The lock outlives the proxy: its holder exits only once released, as the ledger closes.

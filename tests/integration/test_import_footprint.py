@@ -49,3 +49,67 @@ def test_a_sqlite_proxy_never_loads_the_postgresql_driver(tmp_path: Path) -> Non
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "", f"loaded for a SQLite ledger: {done.stdout.strip()}"
+
+
+_EVERY_DAY = textwrap.dedent(
+    """
+    import asyncio, sys
+    from datetime import timedelta
+    from ledger import ClaimRequest, LedgerStore
+    from policies.config import parse_config_text
+    from proxy.app import create_app
+    import proxy.ops.cli  # noqa: F401 - what `interlock serve` imports
+
+    config = parse_config_text('''
+    listen: "127.0.0.1:1"
+    ledger: {url: "sqlite:///%s/ledger.db", durability: full, lease_s: 0.05}
+    upstreams:
+      up: {mcp: "http://127.0.0.1:9/mcp"}
+    ''')
+
+    def request(key):
+        return ClaimRequest("t", "up", "send", key, "explicit", "f" * 64)
+
+    async def main():
+        create_app(config)
+        store = await LedgerStore.open(config.ledger, owner="footprint", migrate_in_child=True)
+        try:
+            entry = (await store.claim(request("done"))).entry
+            await store.finish(entry.id, entry.fencing_token, state="succeeded", outcome=b"ok")
+            await store.claim(request("lapses"))  # its lease runs out: the sweep finds it
+            await asyncio.sleep(0.1)
+            assert await store.sweep_expired() == 1
+            assert await store.purge(older_than=timedelta(0)) == 1
+            deferred = await store.deferred.defer(
+                request("later"), b"{}", max_per_tenant=10, max_per_upstream=10
+            )
+            (candidate,) = await store.deferred.candidates(10)
+            assert candidate.entry_id == deferred.entry.id
+            assert await store.deferred.claim(candidate.entry_id) is not None
+            await store.ping()
+            counts = await store.count_by_state()
+            assert (counts["unknown"], counts["running"]) == (1, 1), counts
+            assert await store.oldest_in_state("unknown") is not None
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+    toolkit = ("sqlalchemy", "sqlmodel", "aiosqlite", "greenlet", "alembic")
+    print(",".join(sorted(m for m in sys.modules if m.split(".")[0] in toolkit)))
+    """
+)
+
+
+def test_what_a_sqlite_proxy_does_all_day_never_loads_the_query_toolkit(tmp_path: Path) -> None:
+    """A new ledger migrated by the child, a call's two writes, a lease sweep and a purge,
+    deferred work accepted, polled for and claimed, readiness, the metrics' counts and oldest
+    wait: all through the stdlib driver. (An operator's read loads the toolkit, as it should.)"""
+    done = subprocess.run(
+        [sys.executable, "-c", _EVERY_DAY % tmp_path],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "", f"loaded for a SQLite ledger: {done.stdout.strip()[:300]}"

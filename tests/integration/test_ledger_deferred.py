@@ -211,6 +211,8 @@ async def test_tasks_are_listed_per_tenant_in_pages(ledger_store: LedgerStore) -
     """A tenant lists only its own tasks, newest first, page by page."""
     for i in range(5):
         await _defer(ledger_store, f"p{i}")
+        # Times are kept to the millisecond: tasks created within one are in no set order.
+        await asyncio.sleep(0.002)
     await _defer(ledger_store, "x", tenant="globex")
     first = await ledger_store.deferred.tasks("acme", limit=3)
     assert len(first.entries) == 3

@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from ledger import EntryState, LedgerStore, LedgerUnavailable, pg_sql, sqlite_sql
-from ledger import db as ledger_db
+from ledger import EntryState, LedgerStore, LedgerUnavailable, pg_sql, sqlite_connect, sqlite_sql
 from ledger.db import open_engines
 from policies.model import LedgerSettings
 from tests import ledger_fixtures
@@ -180,7 +179,7 @@ async def test_a_lock_held_past_the_busy_timeout_is_retried(
 ) -> None:
     """SQLite: another process holds the write lock past the busy timeout (500 ms here); the
     writer retries instead of failing, and the claim commits once the lock is released."""
-    monkeypatch.setattr(ledger_db, "BUSY_TIMEOUT_MS", 500)
+    monkeypatch.setattr(sqlite_connect, "BUSY_TIMEOUT_MS", 500)
     store = await LedgerStore.open(ledger_settings, owner="r")
     try:
         async with sqlite_write_lock_in_another_process(ledger_settings.url) as release:

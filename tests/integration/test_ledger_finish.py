@@ -18,8 +18,7 @@ import aiohttp
 import pytest
 from sqlalchemy.engine import make_url
 
-from ledger import EntryState
-from ledger import db as ledger_db
+from ledger import EntryState, sqlite_connect
 from tests import ledger_fixtures
 from tests.integration import fake_provider
 from tests.integration.fake_provider import FakeProvider
@@ -80,7 +79,7 @@ async def test_a_finish_that_fails_then_lands(
     upstream's 201 while the ledger is still down, the proxy logs that the entry's outcome is
     not recorded yet; once the ledger is back, the entry is `succeeded` with the outcome (not
     `unknown` after its lease), and the upstream ran once."""
-    monkeypatch.setattr(ledger_db, "BUSY_TIMEOUT_MS", 200)
+    monkeypatch.setattr(sqlite_connect, "BUSY_TIMEOUT_MS", 200)
     config = f"""
         ledger: {{url: "{ledger_url}", lease_s: 20}}
         defaults: {{timeout_s: 20, deadline_s: 30}}

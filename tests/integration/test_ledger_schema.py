@@ -13,8 +13,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import make_url
 
-from ledger import EntryState, LedgerStore, LedgerUnavailable, migrate_ledger
-from ledger import db as ledger_db
+from ledger import EntryState, LedgerStore, LedgerUnavailable, migrate_ledger, sqlite_connect
 from ledger.db import open_engines
 from ledger.migrate import VERSION_TABLE, head_revision
 from ledger.tables import metadata
@@ -102,7 +101,7 @@ async def test_refused_connection_is_ledger_unavailable() -> None:
 @pytest.fixture
 def short_busy_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     """SQLite gives up on a lock after 100 ms instead of 5 s (keeps the test quick)."""
-    monkeypatch.setattr(ledger_db, "BUSY_TIMEOUT_MS", 100)
+    monkeypatch.setattr(sqlite_connect, "BUSY_TIMEOUT_MS", 100)
 
 
 @contextlib.asynccontextmanager

@@ -14,8 +14,7 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from ledger import LedgerStore
-from ledger import db as ledger_db
+from ledger import LedgerStore, sqlite_connect
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import RawMcp
 from tests.integration.mcp_servers import RunningUpstream
@@ -195,7 +194,7 @@ async def test_a_finish_interrupted_by_shutdown_still_lands(
     being retried when shutdown begins (grace 0): the ledger comes back as it starts closing,
     and the finish commits before it closes, so the entry is `succeeded`, not left `running` to
     expire into `unknown`. (Another process holds SQLite's write lock past the busy timeout.)"""
-    monkeypatch.setattr(ledger_db, "BUSY_TIMEOUT_MS", 200)
+    monkeypatch.setattr(sqlite_connect, "BUSY_TIMEOUT_MS", 200)
     rule = 'tools:\n          - {match: "up/hold", side_effect: true}'
     grace = config(fresh, rule).replace("lease_s: 5}", "lease_s: 5}\n        shutdown_grace_s: 0")
     # The lock outlives the proxy: its holder exits only once released, as the ledger closes.

@@ -7,8 +7,10 @@ import dataclasses
 import hashlib
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from ledger import EntryState, LedgerError, entry_json
 from ledger.batch import (
@@ -19,9 +21,10 @@ from ledger.batch import (
     new_entry_id,
     stored_outcome,
 )
-from ledger.db import async_url, sqlite_file
+from ledger.db import async_url
 from ledger.migrate import HEAD_REVISION, head_revision
 from ledger.operations import Claim
+from ledger.sqlite_connect import is_sqlite_url, sqlite_path
 from ledger.views import EntryView, positional_builder
 from tests.ledger_fixtures import claim_request
 from tests.unit.test_ledger_states import MemoryLedger
@@ -53,10 +56,45 @@ def test_unusable_urls_are_refused_clearly(bad: str) -> None:
         async_url(bad)
 
 
-def test_sqlite_file_of_url() -> None:
-    """The SQLite file is known for SQLite URLs; PostgreSQL has none."""
-    assert str(sqlite_file("sqlite:////tmp/a.db")) == "/tmp/a.db"
-    assert sqlite_file("postgresql://db/x") is None
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:///ledger.db",
+        "sqlite:////var/lib/interlock/ledger.db",
+        "sqlite:///./relative/ledger.db",
+        "sqlite:///with%20space%3F.db",
+        "sqlite+aiosqlite:///ledger.db",
+        "sqlite+pysqlite:////tmp/a.db",
+    ],
+)
+def test_the_sqlite_file_is_read_from_the_url_as_the_toolkit_reads_it(url: str) -> None:
+    """`ledger.sqlite_connect` finds the file without SQLAlchemy; SQLAlchemy agrees on it."""
+    assert is_sqlite_url(url)
+    assert str(sqlite_path(url)) == str(Path(make_url(url).database or ""))
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("sqlite://", "has no host"),
+        ("sqlite://host/x.db", "has no host"),
+        ("sqlite:///", "needs a file path"),
+        ("sqlite:///:memory:", "needs a file path"),
+        ("sqlite:///x.db?timeout=1", "options after '\\?' are not supported"),
+    ],
+)
+def test_a_sqlite_url_the_ledger_cannot_use_is_refused_clearly(url: str, why: str) -> None:
+    with pytest.raises(LedgerError, match=why):
+        sqlite_path(url)
+    with pytest.raises(LedgerError, match=why):
+        async_url(url)  # the toolkit's engines refuse it the same way
+
+
+def test_only_sqlite_urls_are_sqlite() -> None:
+    assert not is_sqlite_url("postgresql://db/x")
+    assert not is_sqlite_url("sqlitefoo:///x.db")
+    with pytest.raises(LedgerError, match="use sqlite:///PATH"):
+        sqlite_path("postgresql://db/x")
 
 
 def test_cap_text_respects_utf8_byte_limit() -> None:

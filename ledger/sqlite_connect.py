@@ -1,0 +1,89 @@
+"""SQLite ledger connections on the stdlib driver alone: what a proxy needs without the toolkit.
+
+`interlock serve` on the embedded default writes, sweeps, purges, polls for deferred work and
+answers readiness and metrics through connections opened here (`ledger.sqlite_transactions`,
+`ledger.sqlite_reads`), so SQLAlchemy is imported only when an operator's read, a migration or
+deferred work's own loaders need it (`ledger.db`, whose engines configure their connections with
+the same `configure`).
+
+Every connection: autocommit at the driver (the ledger begins its own transactions: `BEGIN
+IMMEDIATE` to write, nothing or `BEGIN` to read), a busy timeout, WAL, `synchronous` FULL (NORMAL
+with `durability: normal`), foreign keys on.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import urllib.parse
+from pathlib import Path
+
+from ledger.errors import LedgerError
+
+__all__ = ["BUSY_TIMEOUT_MS", "configure", "connect", "is_sqlite_url", "pragmas", "sqlite_path"]
+
+BUSY_TIMEOUT_MS = 5000
+_SCHEMES = ("sqlite", "sqlite+aiosqlite", "sqlite+pysqlite")
+
+
+def is_sqlite_url(url: str) -> bool:
+    """Whether `url` names a SQLite ledger (any of the schemes the ledger accepts for it)."""
+    return url.partition("://")[0] in _SCHEMES
+
+
+def sqlite_path(url: str) -> Path:
+    """The database file a SQLite ledger URL names: `sqlite:///relative.db`,
+    `sqlite:////absolute.db` (percent-escapes decoded, as SQLAlchemy reads the same URL).
+
+    Raises:
+        LedgerError: not a SQLite URL, no file (in-memory databases are neither durable nor
+            shared between connections), or connection options in the URL (the ledger sets
+            its own).
+    """
+    scheme, separator, rest = url.partition("://")
+    if scheme not in _SCHEMES or not separator:
+        raise LedgerError(f"ledger url {url!r}: use sqlite:///PATH or postgresql://HOST/DB")
+    if not rest.startswith("/"):
+        raise LedgerError(f"ledger url {url!r}: a SQLite URL has no host (sqlite:///PATH)")
+    database, _, query = rest[1:].partition("?")
+    if query:
+        raise LedgerError(
+            f"ledger url {url!r}: options after '?' are not supported on a SQLite ledger "
+            "(its busy timeout, journal and synchronous mode are the ledger's own)"
+        )
+    file = urllib.parse.unquote(database)
+    if file in ("", ":memory:"):
+        raise LedgerError(f"ledger url {url!r}: the SQLite ledger needs a file path")
+    return Path(file)
+
+
+def pragmas(durability: str) -> tuple[str, ...]:
+    """The statements every new ledger connection runs (see the module docstring)."""
+    synchronous = "NORMAL" if durability == "normal" else "FULL"
+    return (
+        f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}",
+        "PRAGMA journal_mode=WAL",
+        f"PRAGMA synchronous={synchronous}",
+        "PRAGMA foreign_keys=ON",
+    )
+
+
+def configure(conn: sqlite3.Connection, durability: str) -> None:
+    """Set up a new connection as every ledger connection is."""
+    conn.isolation_level = None  # the ledger emits BEGIN itself
+    for statement in pragmas(durability):
+        conn.execute(statement).close()
+
+
+def connect(path: Path, durability: str) -> sqlite3.Connection:
+    """A configured connection to `path`, usable only on the thread that opens it.
+
+    Raises:
+        sqlite3.Error: the database cannot be opened or configured.
+    """
+    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=True)
+    try:
+        configure(conn, durability)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
