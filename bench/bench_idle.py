@@ -12,8 +12,8 @@ Targets, each its own process, measured in the same run:
   aiohttp, pydantic, OpenTelemetry, ...), none of Interlock's own, and then serves an empty
   aiohttp application. It holds no Interlock code and no data: what is left of serve's figure
   once it is subtracted is Interlock's own. (The ledger's query toolkit, SQLAlchemy with SQLModel
-  and aiosqlite, is not among them: a SQLite proxy that only serves calls never loads it. A
-  last row imports it beside them, for what an operator's first read adds.)
+  and aiosqlite, is not among them: a proxy on a SQLite ledger never loads it. A last row
+  imports it beside them, for what a PostgreSQL ledger or an in-process migration adds.)
 
 RSS is read once the process answers, then after a run of calls (MCP read-only `tools/call`s and
 chat completions, JSON and streamed, at concurrency 32) and a short idle pause. Goal: Interlock
@@ -43,7 +43,7 @@ _GOAL_MB = 60.0
 _SETTLE_S = 1.0  # idle pause before each reading: let the loop finish closing what the run left
 _CONCURRENCY = 32
 _OURS = "proxy,ledger,policies,__main__,__mp_main__"  # Interlock's own (the launchers are `-c`)
-_TOOLKIT = (  # the query toolkit as an operator's first read on a SQLite ledger loads it
+_TOOLKIT = (  # the query toolkit (a PostgreSQL ledger's engines, a migration in-process)
     "sqlalchemy",
     "sqlalchemy.ext.asyncio",
     "sqlalchemy.dialects.sqlite.aiosqlite",
@@ -161,7 +161,7 @@ async def _run(quick: bool) -> list[Table]:
                     verdict = "meets" if after <= _GOAL_MB else "misses"
                     rows.append([label, f"{start:.1f}", f"{after:.1f}", verdict])
             # The restart's modules (its exit wrote them), imported by an otherwise empty process.
-            with listing.open("a") as more:  # what an operator's first read would load
+            with listing.open("a") as more:  # and the query toolkit, for the last row
                 more.write("\n" + "\n".join(_TOOLKIT))
             for label, left_out in (
                 ("dependencies alone (what serve loaded, none of Interlock)", f"{_OURS},{_KIT}"),
@@ -184,7 +184,7 @@ async def _run(quick: bool) -> list[Table]:
         "run; the floor is a bare aiohttp pass-through measured in the same run. 'Dependencies "
         "alone' imports every module the restarted serve had loaded except Interlock's own, and "
         "holds no data: the goal is out of reach while that row is over it. The last row adds "
-        "the query toolkit an operator's first read (ledger show, list, stats) loads."
+        "the query toolkit, which a PostgreSQL ledger (or a migration in-process) loads."
     )
     return [
         Table(

@@ -3,9 +3,8 @@
 Deferred work is a call the proxy admitted and recorded whole (`accepted`, with its request and a
 task id) to run later, when admission allows; the caller polls the task for its result. Writes
 are group-committed with every other write of the store (`ledger.deferred_ops`); reads use short
-connections of their own (the task reads through the query toolkit, loaded at the first; the
-dispatcher's poll, on SQLite, through `ledger.sqlite_reads`). Task lookups always name the
-tenant: a task id read by another tenant is not found.
+connections of their own (`ledger.sqlite_reads` on SQLite, the query toolkit on PostgreSQL).
+Task lookups always name the tenant: a task id read by another tenant is not found.
 """
 
 from __future__ import annotations
@@ -205,6 +204,8 @@ class DeferredWork:
         Raises:
             LedgerUnavailable.
         """
+        if self._sqlite is not None:
+            return await self._sqlite.task_owner(task_id)
         from ledger import deferred_queries
 
         async with self._reading("task") as conn:
@@ -224,10 +225,13 @@ class DeferredWork:
         Raises:
             LedgerUnavailable.
         """
-        from ledger import deferred_queries
+        if self._sqlite is not None:
+            row = await self._sqlite.find_task(task_id, tenant)
+        else:
+            from ledger import deferred_queries
 
-        async with self._reading("task") as conn:
-            row = await deferred_queries.find_task(conn, task_id, tenant)
+            async with self._reading("task") as conn:
+                row = await deferred_queries.find_task(conn, task_id, tenant)
         return None if row is None else row.view()
 
     async def tasks(
@@ -244,13 +248,16 @@ class DeferredWork:
             ValueError: `cursor` is not one this ledger gave out.
             LedgerUnavailable.
         """
-        from ledger import deferred_queries
-
         before = None if cursor is None else _parse_cursor(cursor)
-        async with self._reading("tasks") as conn:
-            rows = await deferred_queries.list_tasks(
-                conn, tenant, limit=limit + 1, before=before, upstream=upstream
-            )
+        if self._sqlite is not None:
+            rows = await self._sqlite.list_tasks(tenant, limit + 1, before, upstream)
+        else:
+            from ledger import deferred_queries
+
+            async with self._reading("tasks") as conn:
+                rows = await deferred_queries.list_tasks(
+                    conn, tenant, limit=limit + 1, before=before, upstream=upstream
+                )
         entries = [row.view() for row in rows[:limit]]
         more = len(rows) > limit
         return TaskPage(entries, _cursor(entries[-1]) if more and entries else None)

@@ -1,12 +1,10 @@
 """The ledger's reads for operators and health: an entry and its history, filtered lists, counts.
 
-`LedgerStore` is built on `LedgerReads`: each read takes its own short connection from the read
-engine (never the writer's), and a database that cannot be read raises `LedgerUnavailable`.
+`LedgerStore` is built on `LedgerReads`: no read uses the writer's connection, and a database
+that cannot be read raises `LedgerUnavailable`.
 
-The reads a proxy makes all day (readiness, entry counts, the oldest waits) go to
-`ledger.sqlite_reads` on SQLite;
-the others use the query toolkit (`ledger.queries`), imported, with the engines, at the first
-such read: a SQLite proxy that only serves calls never loads it.
+On SQLite every read goes to `ledger.sqlite_reads` (the stdlib driver); on PostgreSQL through
+the query toolkit (`ledger.queries`), whose engines the store opens at start.
 """
 
 from __future__ import annotations
@@ -57,6 +55,9 @@ class LedgerReads:
         Raises:
             EntryNotFound, AmbiguousReference, LedgerUnavailable.
         """
+        if self._sqlite is not None:
+            row, history = await self._sqlite.entry(entry_or_key)
+            return row.view(), history
         from ledger import queries
 
         async with self._reading("read") as conn:
@@ -74,22 +75,23 @@ class LedgerReads:
         limit: int = 100,
     ) -> list[EntryView]:
         """Entries matching every given filter, newest first."""
+        given = [] if state is None else [state] if isinstance(state, str) else list(state)
+        states = [EntryState(s).value for s in given]
+        if self._sqlite is not None:
+            rows = await self._sqlite.list_entries(states, upstream, tenant, since, limit)
+            return [row.view() for row in rows]
         from ledger import queries
 
-        states = [] if state is None else [state] if isinstance(state, str) else list(state)
         async with self._reading("list") as conn:
             rows = await queries.list_entries(
-                conn,
-                states=[EntryState(s).value for s in states],
-                upstream=upstream,
-                tenant=tenant,
-                since=since,
-                limit=limit,
+                conn, states=states, upstream=upstream, tenant=tenant, since=since, limit=limit
             )
         return [row.view() for row in rows]
 
     async def stats(self) -> dict[tuple[str, str], int]:
         """Entry counts by (state, upstream)."""
+        if self._sqlite is not None:
+            return await self._sqlite.stats()
         from ledger import queries
 
         async with self._reading("stats") as conn:

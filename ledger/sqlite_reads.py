@@ -1,49 +1,32 @@
-"""The proxy's own reads of a SQLite ledger, on the stdlib driver: readiness, the entry counts and
-oldest waits of the metrics and of `/admin/state`, deferred work's candidates, the schema's
-revision.
+"""The reads of a SQLite ledger on the stdlib driver, off the event loop: readiness, the entry
+counts and oldest waits of `/metrics` and `/admin/stats`, deferred work's candidates and task
+lookups, an operator's entries and lists, the schema's revision.
 
-What a proxy reads all day, without the query toolkit: they run on a thread of their own with
-one connection it keeps (opened at the first read, opened again after one that failed), which WAL
-lets read while the writer writes. The operator's reads (an entry, its history, lists, task
-pages) go through the toolkit (`ledger.reads`, `ledger.deferred`), loaded when first asked.
+They run on a thread of their own with one connection it keeps (opened at the first read, opened
+again after one that failed), which WAL lets read while the writer writes. The statements are
+`ledger.sqlite_queries`; on PostgreSQL the same reads go through the query toolkit
+(`ledger.queries`, `ledger.deferred_queries`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ledger import sqlite_connect
+from ledger import sqlite_connect, sqlite_queries
+from ledger.batch import EntryRow
 from ledger.errors import LedgerUnavailable
-from ledger.revisions import VERSION_TABLE
-from ledger.sqlite_sql import WAITING
-from ledger.views import Candidate
+from ledger.views import Candidate, TransitionView
 from ledger.writer_thread import WriterThread
 
 __all__ = ["SQLiteReads"]
 
 T = TypeVar("T")
 _LOCKED_RETRIES = 6
-
-_PING = "SELECT count(*) FROM ledger_entries WHERE 0"
-_BY_STATE = "SELECT state, count(*) FROM ledger_entries GROUP BY state"
-_OLDEST_CHANGE = "SELECT min(updated_at) FROM ledger_entries WHERE state = ?"
-_HAS_VERSION = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
-_VERSION = f"SELECT version_num FROM {VERSION_TABLE}"
-# At most `per_group` calls per (tenant, upstream), oldest first: a tenant with a flood of waiting
-# work never hides another tenant's.
-_CANDIDATES = f"""
-SELECT id, tenant, upstream, tool, work_class, run_id, created_at FROM (
-    SELECT id, tenant, upstream, tool, work_class, run_id, created_at, row_number() OVER (
-        PARTITION BY tenant, upstream ORDER BY created_at, id
-    ) AS rank
-    FROM ledger_entries WHERE {WAITING}
-) WHERE rank <= ? ORDER BY created_at, id LIMIT ?
-"""
 
 
 class SQLiteReads:
@@ -66,7 +49,7 @@ class SQLiteReads:
         Raises:
             LedgerUnavailable: it cannot.
         """
-        await self._read("ping", _ping)
+        await self._read("ping", sqlite_queries.ping)
 
     async def count_by_state(self) -> dict[str, int]:
         """Entry counts by state (only the states that have entries).
@@ -74,7 +57,7 @@ class SQLiteReads:
         Raises:
             LedgerUnavailable.
         """
-        return await self._read("stats", _count_by_state)
+        return await self._read("stats", sqlite_queries.count_by_state)
 
     async def oldest_change(self, state: str) -> datetime | None:
         """When the entry in `state` that changed least recently last changed (None: no entry).
@@ -82,7 +65,7 @@ class SQLiteReads:
         Raises:
             LedgerUnavailable.
         """
-        return await self._read("stats", _oldest_change, state)
+        return await self._read("stats", sqlite_queries.oldest_change, state)
 
     async def candidates(self, limit: int, *, per_group: int) -> list[Candidate]:
         """Waiting deferred work, oldest first, at most `per_group` calls per (tenant, upstream).
@@ -90,7 +73,7 @@ class SQLiteReads:
         Raises:
             LedgerUnavailable.
         """
-        return await self._read("candidates", _candidates, limit, per_group)
+        return await self._read("candidates", sqlite_queries.candidates, limit, per_group)
 
     async def revision(self) -> str | None:
         """The schema's revision, or None when the database has never been migrated.
@@ -104,12 +87,79 @@ class SQLiteReads:
         """
         for attempt in range(_LOCKED_RETRIES):
             try:
-                return await self._read("schema check", _revision)
+                return await self._read("schema check", sqlite_queries.revision)
             except LedgerUnavailable as error:
                 if "database is locked" not in str(error) or attempt == _LOCKED_RETRIES - 1:
                     raise
             await asyncio.sleep(0.05 * 2**attempt)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def stats(self) -> dict[tuple[str, str], int]:
+        """Entry counts by (state, upstream).
+
+        Raises:
+            LedgerUnavailable.
+        """
+        return await self._read("stats", sqlite_queries.stats)
+
+    async def entry(self, reference: str) -> tuple[EntryRow, list[TransitionView]]:
+        """The entry an id, an idempotency key or a unique id prefix names, and its history.
+
+        Raises:
+            EntryNotFound, AmbiguousReference, LedgerUnavailable.
+        """
+        return await self._read("read", _entry_and_history, reference)
+
+    async def find_entry(self, reference: str) -> EntryRow:
+        """The entry an id, an idempotency key or a unique id prefix names.
+
+        Raises:
+            EntryNotFound, AmbiguousReference, LedgerUnavailable.
+        """
+        return await self._read("lookup", sqlite_queries.find_entry, reference)
+
+    async def list_entries(
+        self,
+        states: Sequence[str],
+        upstream: str | None,
+        tenant: str | None,
+        since: datetime | None,
+        limit: int,
+    ) -> list[EntryRow]:
+        """Entries matching every given filter, newest first.
+
+        Raises:
+            LedgerUnavailable.
+        """
+        read = sqlite_queries.list_entries
+        return await self._read("list", read, states, upstream, tenant, since, limit)
+
+    async def task_owner(self, task_id: str) -> str | None:
+        """The tenant whose entry holds task `task_id` (None: no entry does).
+
+        Raises:
+            LedgerUnavailable.
+        """
+        return await self._read("task", sqlite_queries.task_owner, task_id)
+
+    async def find_task(self, task_id: str, tenant: str) -> EntryRow | None:
+        """The entry of task `task_id` if tenant `tenant` created it.
+
+        Raises:
+            LedgerUnavailable.
+        """
+        return await self._read("task", sqlite_queries.find_task, task_id, tenant)
+
+    async def list_tasks(
+        self, tenant: str, limit: int, before: tuple[datetime, str] | None, upstream: str | None
+    ) -> list[EntryRow]:
+        """Tenant `tenant`'s own tasks, newest first, created before `before`.
+
+        Raises:
+            LedgerUnavailable.
+        """
+        read = sqlite_queries.list_tasks
+        return await self._read("tasks", read, tenant, limit, before, upstream)
 
     async def close(self) -> None:
         """Close the connection and let the thread go (a read after this opens them again)."""
@@ -142,37 +192,12 @@ class SQLiteReads:
             conn.close()
 
 
-def _ping(conn: sqlite3.Connection) -> None:
-    conn.execute(_PING).fetchall()
-
-
-def _count_by_state(conn: sqlite3.Connection) -> dict[str, int]:
-    return {str(state): int(n) for state, n in conn.execute(_BY_STATE)}
-
-
-def _oldest_change(conn: sqlite3.Connection, state: str) -> datetime | None:
-    (text,) = conn.execute(_OLDEST_CHANGE, (state,)).fetchone()
-    return None if text is None else _time(text)
-
-
-def _candidates(conn: sqlite3.Connection, limit: int, per_group: int) -> list[Candidate]:
-    found = []
-    for entry_id, tenant, upstream, tool, work_class, run_id, created in conn.execute(
-        _CANDIDATES, (per_group, limit)
-    ):
-        found.append(
-            Candidate(entry_id, tenant, upstream, tool, work_class, run_id, _time(created))
-        )
-    return found
-
-
-def _time(text: str) -> datetime:
-    """A stored time (UTC text, `ledger.tables.UTCTimestamp`) as an aware datetime."""
-    return datetime.fromisoformat(f"{text}+00:00")
-
-
-def _revision(conn: sqlite3.Connection) -> str | None:
-    if conn.execute(_HAS_VERSION, (VERSION_TABLE,)).fetchone() is None:
-        return None
-    row = conn.execute(_VERSION).fetchone()
-    return None if row is None else str(row[0])
+def _entry_and_history(
+    conn: sqlite3.Connection, reference: str
+) -> tuple[EntryRow, list[TransitionView]]:
+    conn.execute("BEGIN")  # one snapshot: the entry and its history as of the same commit
+    try:
+        row = sqlite_queries.find_entry(conn, reference)
+        return row, sqlite_queries.history(conn, row.id)
+    finally:
+        conn.execute("COMMIT")

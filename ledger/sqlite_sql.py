@@ -32,18 +32,22 @@ from ledger.batch import ROW_FIELDS, EntryRow, Needs, WorkingSet
 from ledger.states import PURGEABLE, EntryState
 
 __all__ = [
+    "COLUMNS",
     "WAITING",
+    "TimeTexts",
     "accepted_counts",
     "begin",
     "commit",
     "database_now",
+    "entry_row",
     "flush",
     "load",
     "load_claimable",
+    "marks",
     "rollback",
 ]
 
-_COLUMNS = ", ".join(ROW_FIELDS)
+COLUMNS = ", ".join(ROW_FIELDS)
 _TIME_FIELDS = frozenset(
     {"lease_expires_at", "created_at", "updated_at", "started_at", "finished_at"}
 )
@@ -81,7 +85,7 @@ _PURGEABLE = (
     f"({', '.join(repr(str(state)) for state in sorted(PURGEABLE))}) AND updated_at < ? LIMIT ?"
 )
 _EXPIRED = (
-    f"SELECT {_COLUMNS} FROM ledger_entries WHERE state = '{EntryState.RUNNING.value}' "
+    f"SELECT {COLUMNS} FROM ledger_entries WHERE state = '{EntryState.RUNNING.value}' "
     "AND lease_expires_at < ? ORDER BY id LIMIT ?"
 )
 WAITING = f"state = '{EntryState.ACCEPTED.value}' AND request IS NOT NULL"
@@ -112,7 +116,7 @@ def load(conn: sqlite3.Connection, needs: Needs, ws: WorkingSet, *, now: datetim
     """Read everything `needs` names into `ws`: the closed rows old enough to purge (ids only),
     the rows named by id and by key, the running rows whose lease had expired by `now` (the
     sweep), then what the loaders read. (`ledger.queries.load` is the same on PostgreSQL.)"""
-    text = _TimeTexts()
+    text = TimeTexts()
     if needs.purge is not None:
         older_than, limit = needs.purge
         # No ORDER BY: any `limit` closed rows will do, found without sorting them all.
@@ -129,7 +133,7 @@ def load(conn: sqlite3.Connection, needs: Needs, ws: WorkingSet, *, now: datetim
         _load_rows(conn, sql, [*keys, *tenants, *upstreams], ws)
     if needs.sweep_limit:
         for values in conn.execute(_EXPIRED, (text(now), needs.sweep_limit)):
-            row = _entry(values)
+            row = entry_row(values)
             if row.id not in ws.rows:
                 ws.load(row)
             ws.expired.append(row.id)
@@ -148,7 +152,7 @@ def accepted_counts(
     ):
         sql = (
             f"SELECT {column}, count(*) FROM ledger_entries WHERE {WAITING} "
-            f"AND {column} IN ({_marks(len(values))}) GROUP BY {column}"
+            f"AND {column} IN ({marks(len(values))}) GROUP BY {column}"
         )
         facts[name] = {str(key): int(n) for key, n in conn.execute(sql, values)}
     return facts
@@ -158,11 +162,11 @@ def load_claimable(conn: sqlite3.Connection, ids: set[str], ws: WorkingSet) -> N
     """The named entries that are waiting deferred work, into `ws` (`ClaimableRows`)."""
     wanted = sorted(ids)
     sql = (
-        f"SELECT {_COLUMNS} FROM ledger_entries WHERE {WAITING} "
-        f"AND id IN ({_marks(len(wanted))}) ORDER BY id"
+        f"SELECT {COLUMNS} FROM ledger_entries WHERE {WAITING} "
+        f"AND id IN ({marks(len(wanted))}) ORDER BY id"
     )
     for values in conn.execute(sql, wanted):
-        row = _entry(values)
+        row = entry_row(values)
         if row.id not in ws.rows:
             ws.load(row)
 
@@ -173,7 +177,7 @@ def flush(conn: sqlite3.Connection, ws: WorkingSet) -> bool:
     Returns False, having written only part of the batch, when another transaction committed one
     of the new keys first: the caller rolls back and runs the batch again, which then sees it.
     """
-    text = _TimeTexts()
+    text = TimeTexts()
     by_columns: dict[tuple[tuple[str, ...], Shape], list[list[Any]]] = {}
     for row_id in sorted(ws.dirty):
         columns, shape, params = _update_values(ws.changes(row_id), text)
@@ -191,11 +195,11 @@ def flush(conn: sqlite3.Connection, ws: WorkingSet) -> bool:
     if ws.deleted:
         # Their history goes with them (ON DELETE CASCADE).
         ids = sorted(ws.deleted)
-        conn.execute(f"DELETE FROM ledger_entries WHERE id IN ({_marks(len(ids))})", ids)
+        conn.execute(f"DELETE FROM ledger_entries WHERE id IN ({marks(len(ids))})", ids)
     return True
 
 
-def _insert_new(conn: sqlite3.Connection, ws: WorkingSet, text: _TimeTexts) -> bool:
+def _insert_new(conn: sqlite3.Connection, ws: WorkingSet, text: TimeTexts) -> bool:
     new_rows = ws.new_rows()
     inserted = 0
     for shape, params_list in _by_shape(_entry_values(r, text) for r in new_rows).items():
@@ -203,7 +207,7 @@ def _insert_new(conn: sqlite3.Connection, ws: WorkingSet, text: _TimeTexts) -> b
     return inserted == len(new_rows)
 
 
-def _entry_values(row: EntryRow, text: _TimeTexts) -> list[Any]:
+def _entry_values(row: EntryRow, text: TimeTexts) -> list[Any]:
     """A new row's values as they are bound (see the module docstring)."""
     values = list(_row_tuple(row))
     for i in _CONVERTED:
@@ -212,7 +216,7 @@ def _entry_values(row: EntryRow, text: _TimeTexts) -> list[Any]:
     return values
 
 
-def _history_values(history: dict[str, Any], text: _TimeTexts) -> list[Any]:
+def _history_values(history: dict[str, Any], text: TimeTexts) -> list[Any]:
     """A history row's values as they are bound."""
     values = list(_history_tuple(history))
     values[_AT] = text(values[_AT])
@@ -238,7 +242,7 @@ def _bound(values: list[Any]) -> tuple[Shape, list[Any]]:
 
 
 def _update_values(
-    changes: dict[str, Any], text: _TimeTexts
+    changes: dict[str, Any], text: TimeTexts
 ) -> tuple[tuple[str, ...], Shape, list[Any]]:
     """A changed row's UPDATE (`WorkingSet.changes`), in one pass over its changed columns: the
     columns, which of their new values are set, and those values as they are bound."""
@@ -251,7 +255,7 @@ def _update_values(
     return tuple(changes), tuple(shape), params
 
 
-def _column_value(name: str, value: Any, text: _TimeTexts) -> Any:
+def _column_value(name: str, value: Any, text: TimeTexts) -> Any:
     """A changed column's value as it is bound (see the module docstring)."""
     if name in _TIME_FIELDS:
         return text(value)
@@ -269,7 +273,7 @@ def _placeholders(shape: Shape) -> list[str]:
 @functools.lru_cache(maxsize=64)
 def _insert_entry(shape: Shape) -> str:
     values = ", ".join(_placeholders(shape))
-    return f"INSERT INTO ledger_entries ({_COLUMNS}) VALUES ({values}) ON CONFLICT DO NOTHING"
+    return f"INSERT INTO ledger_entries ({COLUMNS}) VALUES ({values}) ON CONFLICT DO NOTHING"
 
 
 @functools.lru_cache(maxsize=64)
@@ -280,10 +284,11 @@ def _insert_history(shape: Shape) -> str:
 
 def _load_rows(conn: sqlite3.Connection, sql: str, params: list[str], ws: WorkingSet) -> None:
     for values in conn.execute(sql, params):
-        ws.load(_entry(values))
+        ws.load(entry_row(values))
 
 
-def _entry(values: Iterable[Any]) -> EntryRow:
+def entry_row(values: Iterable[Any]) -> EntryRow:
+    """A row of `COLUMNS` as read, as an `EntryRow` (times aware, `outcome_retained` a bool)."""
     row = list(values)
     for i in _TIME_INDEXES:
         if (text := row[i]) is not None:
@@ -292,7 +297,7 @@ def _entry(values: Iterable[Any]) -> EntryRow:
     return EntryRow(*row)
 
 
-class _TimeTexts:
+class TimeTexts:
     """Aware datetimes as the UTC text `ledger.tables.UTCTimestamp` stores, each distinct time
     converted once per batch (most of a batch's times are its one `now`)."""
 
@@ -314,20 +319,21 @@ class _TimeTexts:
 
 
 @functools.lru_cache(maxsize=512)
-def _marks(count: int) -> str:
+def marks(count: int) -> str:
+    """`count` comma-separated `?` placeholders."""
     return ", ".join("?" * count)
 
 
 @functools.lru_cache(maxsize=512)
 def _select_by_ids(count: int) -> str:
-    return f"SELECT {_COLUMNS} FROM ledger_entries WHERE id IN ({_marks(count)}) ORDER BY id"
+    return f"SELECT {COLUMNS} FROM ledger_entries WHERE id IN ({marks(count)}) ORDER BY id"
 
 
 @functools.lru_cache(maxsize=512)
 def _select_by_keys(keys: int, tenants: int, upstreams: int) -> str:
     return (
-        f"SELECT {_COLUMNS} FROM ledger_entries WHERE idempotency_key IN ({_marks(keys)}) "
-        f"AND tenant IN ({_marks(tenants)}) AND upstream IN ({_marks(upstreams)}) ORDER BY id"
+        f"SELECT {COLUMNS} FROM ledger_entries WHERE idempotency_key IN ({marks(keys)}) "
+        f"AND tenant IN ({marks(tenants)}) AND upstream IN ({marks(upstreams)}) ORDER BY id"
     )
 
 

@@ -4,11 +4,10 @@ Writes go through the group-commit writer (one transaction and one fsync per bat
 (`ledger.reads`) use their own short connection each. Every method that touches the database raises
 `LedgerUnavailable` when it cannot, so callers fail closed on one exception type.
 
-On SQLite the writer, the lease sweep, the purge and the reads a proxy makes all day use the
-stdlib driver (`ledger.sqlite_transactions`, `ledger.sqlite_reads`): the query toolkit
-(SQLAlchemy, SQLModel, aiosqlite: about 30 MB resident once imported) is loaded only by an
-operator's read, a migration or deferred work's task reads. PostgreSQL opens the toolkit's
-engines at once (its writer's connection comes from them).
+On SQLite every statement goes through the stdlib driver (`ledger.sqlite_transactions`,
+`ledger.sqlite_reads`): the query toolkit (SQLAlchemy, SQLModel, aiosqlite: about 26 MB resident
+once imported) is loaded only to migrate in-process. PostgreSQL opens the toolkit's engines at
+once (its writer's connection comes from them; its reads use them).
 
 Times the ledger decides with (leases, their expiry, the dedup window, retention) come from the
 database's clock, read inside each write transaction: replicas whose own clocks disagree still
@@ -22,7 +21,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Literal
 
-from ledger import revisions
 from ledger.batch import OpContext, new_entry_id
 from ledger.deferred import DeferredWork
 from ledger.errors import LedgerError, LedgerUnavailable
@@ -39,6 +37,7 @@ from ledger.operations import (
 )
 from ledger.reads import LedgerReads
 from ledger.reconcile_ops import Purge, Resolve, Sweep
+from ledger.schema_check import schema_at_head
 from ledger.sqlite_connect import is_sqlite_url, sqlite_path
 from ledger.sqlite_reads import SQLiteReads
 from ledger.sqlite_transactions import SQLiteTransactions
@@ -143,7 +142,7 @@ class LedgerStore(LedgerReads):
 
             engines = open_engines(settings)
         try:
-            engines = await _schema_at_head(
+            engines = await schema_at_head(
                 settings, sqlite, engines, migrate=migrate, in_child=migrate_in_child
             )
         except BaseException:
@@ -332,10 +331,13 @@ class LedgerStore(LedgerReads):
         """
         if as_ not in ("succeeded", "failed", "retry"):
             raise ValueError(f"resolve as succeeded, failed or retry, not {as_!r}")
-        from ledger import queries
+        if self._sqlite is not None:
+            row = await self._sqlite.find_entry(entry_or_key)
+        else:
+            from ledger import queries
 
-        async with self._reading("lookup") as conn:
-            row = await queries.find_entry(conn, entry_or_key)
+            async with self._reading("lookup") as conn:
+                row = await queries.find_entry(conn, entry_or_key)
         return await self._writer.submit(Resolve(row.id, as_, note, actor, max_attempts))
 
     async def sweep_expired(self, limit: int = 500) -> int:
@@ -396,51 +398,3 @@ class LedgerStore(LedgerReads):
             max_outcome_bytes=self._settings.max_outcome_bytes,
             max_argument_bytes=self._settings.max_argument_bytes,
         )
-
-
-async def _schema_at_head(
-    settings: LedgerSettings,
-    sqlite: SQLiteReads | None,
-    engines: Engines | None,
-    *,
-    migrate: bool,
-    in_child: bool,
-) -> Engines | None:
-    """Check the schema's revision (on SQLite through `sqlite`, else through `engines`) and, when
-    it is behind and `migrate` allows, migrate it: in a child process when `in_child` asks for
-    it, and here when not or when the child could not. The toolkit's engines afterwards (made
-    here for an in-process migration on SQLite; None when nothing needed them).
-
-    Raises:
-        LedgerUnavailable: the database cannot be read or migrated, or (`migrate=False`) it is
-            not at the revision this version needs.
-    """
-    if sqlite is not None:
-        found = await sqlite.revision()
-    else:
-        from ledger.migrate import current_revision
-
-        assert engines is not None
-        found = await current_revision(engines)
-    if found == revisions.HEAD_REVISION:
-        return engines
-    if not migrate:
-        raise LedgerUnavailable(
-            f"the ledger schema is at revision {found or '(none)'}, this version needs "
-            f"{revisions.HEAD_REVISION}: run `interlock ledger migrate`"
-        )
-    if in_child and await revisions.migrate_in_child(settings):
-        return engines
-    from ledger.db import open_engines
-    from ledger.migrate import upgrade
-
-    if engines is not None:
-        await upgrade(engines)
-        return engines
-    made = open_engines(settings)
-    try:
-        await upgrade(made)
-    except BaseException:
-        await made.dispose()
-        raise
-    return made

@@ -49,15 +49,16 @@ def test_serve_migrates_a_new_ledger_without_loading_alembic(tmp_path: Path) -> 
 
 
 _SQL_TOOLKIT = ("sqlalchemy", "sqlmodel", "aiosqlite", "greenlet")
-"""The ledger's query and schema stack (about 30 MB resident once imported): the operator's
-reads and the migrations use it; a proxy that only serves calls must not need it."""
+"""The ledger's query and schema stack (about 26 MB resident once imported): the migrations use
+it, and a PostgreSQL ledger; a proxy on a SQLite ledger must not need it."""
 
 
 async def test_a_sqlite_serve_that_served_calls_never_loads_the_sql_toolkit(
     tmp_path: Path,
 ) -> None:
-    """Calls of both kinds, a lease sweep and a purge, the deferred-work poll, readiness and a
-    metrics scrape: what a busy sidecar does all day. None of it loads the query toolkit."""
+    """Calls of both kinds, a lease sweep and a purge, the deferred-work poll, readiness, a
+    metrics scrape, an operator's look at the ledger through the admin API: what a busy sidecar
+    does all day. None of it loads the query toolkit."""
     port = _free_port()
     listing = tmp_path / "modules.txt"
     with running_upstream() as upstream:
@@ -80,9 +81,13 @@ async def test_a_sqlite_serve_that_served_calls_never_loads_the_sql_toolkit(
                     assert not sent.is_error
             await asyncio.sleep(0.5)  # several sweeps, purges and polls
             async with aiohttp.ClientSession() as http:
-                for path in ("/readyz", "/metrics"):
+                for path in ("/readyz", "/metrics", "/admin/stats", "/admin/ledger"):
                     async with http.get(f"{base}{path}") as answer:
                         assert answer.status == 200, await answer.text()
+                        if path == "/admin/ledger":
+                            entries = await answer.json()
+                async with http.get(f"{base}/admin/ledger/{entries[0]['id']}") as answer:
+                    assert answer.status == 200, await answer.text()
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=20) == 0
         assert upstream.stats()["emails_total"] == 3

@@ -90,6 +90,18 @@ _EVERY_DAY = textwrap.dedent(
             counts = await store.count_by_state()
             assert (counts["unknown"], counts["running"]) == (1, 1), counts
             assert await store.oldest_in_state("unknown") is not None
+            # What an operator and a client polling its task read:
+            task_id = deferred.entry.task_id
+            assert await store.deferred.task_owner(task_id) == "t"
+            assert (await store.deferred.task(task_id, "t")).id == deferred.entry.id
+            assert len((await store.deferred.tasks("t")).entries) == 1
+            assert len(await store.list_entries(state="unknown")) == 1
+            assert await store.stats()
+            (lapsed,) = await store.list_entries(state="unknown")
+            entry, history = await store.get(lapsed.id)
+            assert [t.to_state for t in history] == ["running", "unknown"]
+            resolved = await store.resolve("lapses", as_="failed", note="n", actor="ops")
+            assert resolved.state == "failed"
         finally:
             await store.close()
 
@@ -103,7 +115,8 @@ _EVERY_DAY = textwrap.dedent(
 def test_what_a_sqlite_proxy_does_all_day_never_loads_the_query_toolkit(tmp_path: Path) -> None:
     """A new ledger migrated by the child, a call's two writes, a lease sweep and a purge,
     deferred work accepted, polled for and claimed, readiness, the metrics' counts and oldest
-    wait: all through the stdlib driver. (An operator's read loads the toolkit, as it should.)"""
+    wait, a client's task lookups, an operator's list, entry, counts and resolution: all through
+    the stdlib driver."""
     done = subprocess.run(
         [sys.executable, "-c", _EVERY_DAY % tmp_path],
         capture_output=True,

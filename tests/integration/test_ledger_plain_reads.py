@@ -1,16 +1,29 @@
-"""The SQLite ledger's plain reads (`ledger.sqlite_reads`: what a proxy reads all day without the
-query toolkit) answer exactly what the toolkit's queries answer on the same database."""
+"""The SQLite ledger's plain reads (`ledger.sqlite_reads` over `ledger.sqlite_queries`: every read
+of a SQLite proxy, without the query toolkit) answer exactly what the toolkit's queries answer on
+the same database."""
 
 from __future__ import annotations
 
 import asyncio
+import re
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
-from ledger import LedgerStore, LedgerUnavailable, deferred_queries, queries
+from ledger import (
+    AmbiguousReference,
+    EntryNotFound,
+    LedgerError,
+    LedgerStore,
+    LedgerUnavailable,
+    deferred_queries,
+    queries,
+)
 from ledger.db import open_engines
+from ledger.deferred import upstream_task_id
 from ledger.migrate import current_revision
 from ledger.sqlite_connect import sqlite_path
 from ledger.sqlite_reads import SQLiteReads
@@ -19,6 +32,7 @@ from policies.model import LedgerSettings
 from tests.ledger_fixtures import claim_request
 
 BIG = 10_000
+T = TypeVar("T")
 
 
 async def _a_ledger_with_every_kind_of_entry(settings: LedgerSettings) -> None:
@@ -29,7 +43,12 @@ async def _a_ledger_with_every_kind_of_entry(settings: LedgerSettings) -> None:
             state = "succeeded" if n else "failed"
             await store.finish(entry.id, entry.fencing_token, state=state, outcome=b"x")
             await asyncio.sleep(0.002)  # times are kept to the millisecond
-        await store.claim(claim_request("running"))
+        running = (await store.claim(claim_request("running"))).entry
+        # The upstream answered this call with a task of its own: kept, but not one of ours.
+        await store.deferred.note_upstream_task(running.id, "mail", "their-task-1")
+        # One key in two tenants: by key alone it names two entries.
+        await store.claim(claim_request("shared", tenant="globex", upstream="crm"))
+        await store.claim(claim_request("shared"))
         await store.record_rejection(
             claim_request("refused"), reason="overloaded", scope="global", retry_after_s=1.0
         )
@@ -73,7 +92,7 @@ async def test_the_plain_reads_answer_what_the_toolkit_answers(tmp_path: Path) -
         assert counts == {
             "succeeded": 2,
             "failed": 1,
-            "running": 1,
+            "running": 3,
             "unknown": 1,
             "rejected": 1,
             "accepted": 7,
@@ -125,8 +144,108 @@ async def test_an_entry_purged_by_the_plain_statements_is_one_the_toolkit_would_
         "succeeded": 0,
         "failed": 0,
         "rejected": 0,
-        "running": 1,
+        "running": 3,
         "unknown": 1,
         "accepted": 7,
         "blocked": 0,
     }
+
+
+async def _both(
+    plain_read: Callable[[], Awaitable[T]], toolkit_read: Callable[[], Awaitable[T]]
+) -> T:
+    """Both answers, or both refusals (the same error and message); the answer."""
+    try:
+        theirs = await toolkit_read()
+    except LedgerError as refused:
+        with pytest.raises(type(refused), match=re.escape(str(refused))):
+            await plain_read()
+        raise
+    assert await plain_read() == theirs
+    return theirs
+
+
+async def test_an_operators_and_a_clients_reads_answer_what_the_toolkit_answers(
+    tmp_path: Path,
+) -> None:
+    """Entries by id, key and prefix with their history, filtered lists, counts by upstream,
+    and tasks by id and page."""
+    settings = LedgerSettings(url=f"sqlite:///{tmp_path}/ledger.db")
+    await _a_ledger_with_every_kind_of_entry(settings)
+    plain = SQLiteReads(sqlite_path(settings.url), settings.durability)
+    engines = open_engines(settings)
+    try:
+        async with engines.read.connect() as conn:
+            newest = await queries.list_entries(conn, limit=BIG)
+            assert len(newest) == 15
+            for row in newest[:4] + newest[-4:]:
+                for reference in (row.id, row.id[:-3], row.idempotency_key):
+                    if reference == "shared":
+                        continue
+                    found = await _both(
+                        lambda r=reference: plain.find_entry(r),
+                        lambda r=reference: queries.find_entry(conn, r),
+                    )
+                    assert found.id == row.id
+                entry, history = await plain.entry(row.id)
+                assert (entry, history) == (row, await queries.history(conn, row.id))
+                assert history, "every entry has at least its first transition"
+            for reference in ("shared", newest[0].id[:6], "nothing-has-this-key"):
+                with pytest.raises((AmbiguousReference, EntryNotFound)):
+                    await _both(
+                        lambda r=reference: plain.find_entry(r),
+                        lambda r=reference: queries.find_entry(conn, r),
+                    )
+            middle = newest[len(newest) // 2].created_at
+            for states, upstream, tenant, since in (
+                ([], None, None, None),
+                (["running", "unknown"], None, None, None),
+                ([], "crm", None, None),
+                ([], "mail", "acme", None),
+                ([], None, None, middle),
+                (["accepted"], None, "acme", middle),
+            ):
+                for limit in (3, BIG):
+                    theirs = await queries.list_entries(
+                        conn,
+                        states=states,
+                        upstream=upstream,
+                        tenant=tenant,
+                        since=since,
+                        limit=limit,
+                    )
+                    assert theirs
+                    ours = await plain.list_entries(states, upstream, tenant, since, limit)
+                    assert ours == theirs, (states, upstream, tenant, since, limit)
+            assert await plain.stats() == await queries.stats(conn)
+            tasks = [row for row in newest if row.task_id and not row.task_id.startswith("up:")]
+            assert len(tasks) == 7  # the proxy's own: the upstream's task is not listed
+            for row in tasks[:2]:
+                assert row.task_id is not None
+                owner = await deferred_queries.task_owner(conn, row.task_id)
+                assert owner == row.tenant
+                assert await plain.task_owner(row.task_id) == owner
+                found_task = await deferred_queries.find_task(conn, row.task_id, row.tenant)
+                assert found_task == row
+                assert await plain.find_task(row.task_id, row.tenant) == row
+                assert await plain.find_task(row.task_id, "someone-else") is None
+            assert await plain.task_owner("no-such-task") is None
+            theirs_id = upstream_task_id("mail", "their-task-1")
+            assert await plain.task_owner(theirs_id) == "acme"
+            assert await deferred_queries.task_owner(conn, theirs_id) == "acme"
+            cursor = (tasks[1].created_at, tasks[1].id)  # the newer of globex's two
+            for tenant, upstream, before in (
+                ("acme", None, None),
+                ("acme", "crm", None),
+                ("acme", None, cursor),
+                ("globex", "mail", cursor),
+            ):
+                theirs = await deferred_queries.list_tasks(
+                    conn, tenant, limit=BIG, before=before, upstream=upstream
+                )
+                assert theirs, (tenant, upstream, before)
+                ours = await plain.list_tasks(tenant, BIG, before, upstream)
+                assert ours == theirs, (tenant, upstream, before)
+    finally:
+        await plain.close()
+        await engines.dispose()

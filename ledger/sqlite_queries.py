@@ -1,0 +1,213 @@
+"""The ledger's reads as plain SQL on a SQLite connection: what `ledger.queries` and
+`ledger.deferred_queries` read through the query toolkit, for a SQLite ledger.
+
+Each function takes a stdlib `sqlite3` connection (the reader thread's: `ledger.sqlite_reads`) and
+answers with the same values as its toolkit twin; a test reads one database both ways and compares.
+Times are bound and read as the UTC text `ledger.tables.UTCTimestamp` stores.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from ledger.batch import EntryRow
+from ledger.errors import AmbiguousReference, EntryNotFound
+from ledger.revisions import VERSION_TABLE
+from ledger.sqlite_sql import COLUMNS, WAITING, TimeTexts, entry_row, marks
+from ledger.states import EntryState
+from ledger.views import UPSTREAM_TASK_PREFIX, Candidate, TransitionView
+
+__all__ = [
+    "candidates",
+    "count_by_state",
+    "find_entry",
+    "find_task",
+    "history",
+    "list_entries",
+    "list_tasks",
+    "oldest_change",
+    "ping",
+    "revision",
+    "stats",
+    "task_owner",
+]
+
+_MIN_PREFIX = 6  # as `ledger.queries`: an id prefix names an entry from six hex digits on
+_FIND_LIMIT = 6
+_HISTORY_COLUMNS = (
+    "id, entry_id, from_state, to_state, at, actor, reason, attempt, fencing_token, evidence"
+)
+# At most `per_group` calls per (tenant, upstream), oldest first: a tenant with a flood of waiting
+# work never hides another tenant's.
+_CANDIDATES = f"""
+SELECT id, tenant, upstream, tool, work_class, run_id, created_at FROM (
+    SELECT id, tenant, upstream, tool, work_class, run_id, created_at, row_number() OVER (
+        PARTITION BY tenant, upstream ORDER BY created_at, id
+    ) AS rank
+    FROM ledger_entries WHERE {WAITING}
+) WHERE rank <= ? ORDER BY created_at, id LIMIT ?
+"""
+_NEWEST_FIRST = "ORDER BY created_at DESC, id DESC LIMIT ?"
+
+
+def ping(conn: sqlite3.Connection) -> None:
+    """One read that touches the ledger's table."""
+    conn.execute("SELECT count(*) FROM ledger_entries WHERE 0").fetchall()
+
+
+def revision(conn: sqlite3.Connection) -> str | None:
+    """The schema's revision, or None when the database has never been migrated."""
+    found = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+    if conn.execute(found, (VERSION_TABLE,)).fetchone() is None:
+        return None
+    row = conn.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchone()
+    return None if row is None else str(row[0])
+
+
+def count_by_state(conn: sqlite3.Connection) -> dict[str, int]:
+    """Entry counts by state (only the states that have entries)."""
+    stmt = "SELECT state, count(*) FROM ledger_entries GROUP BY state"
+    return {str(state): int(n) for state, n in conn.execute(stmt)}
+
+
+def stats(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
+    """Entry counts by (state, upstream)."""
+    stmt = "SELECT state, upstream, count(*) FROM ledger_entries GROUP BY state, upstream"
+    return {(str(state), str(upstream)): int(n) for state, upstream, n in conn.execute(stmt)}
+
+
+def oldest_change(conn: sqlite3.Connection, state: str) -> datetime | None:
+    """When the entry in `state` that changed least recently last changed (None: no entry)."""
+    stmt = "SELECT min(updated_at) FROM ledger_entries WHERE state = ?"
+    (text,) = conn.execute(stmt, (state,)).fetchone()
+    return None if text is None else _time(text)
+
+
+def find_entry(conn: sqlite3.Connection, reference: str) -> EntryRow:
+    """The entry named by an id, an idempotency key, or a unique id prefix (≥ 6 hex digits).
+
+    Raises:
+        EntryNotFound: nothing matches.
+        AmbiguousReference: the key or prefix names several entries.
+    """
+    lowered = reference.lower()
+    conditions = [("id = ?", reference), ("idempotency_key = ?", reference)]
+    if len(lowered) >= _MIN_PREFIX and all(ch in "0123456789abcdef" for ch in lowered):
+        conditions.append(("id LIKE ?", f"{lowered}%"))  # hex digits only: nothing to escape
+    for condition, value in conditions:
+        stmt = f"SELECT {COLUMNS} FROM ledger_entries WHERE {condition} ORDER BY id LIMIT ?"
+        rows = [entry_row(values) for values in conn.execute(stmt, (value, _FIND_LIMIT))]
+        if len(rows) == 1:
+            return rows[0]
+        if rows:
+            raise AmbiguousReference(reference, [r.id for r in rows])
+    raise EntryNotFound(reference)
+
+
+def history(conn: sqlite3.Connection, entry_id: str) -> list[TransitionView]:
+    """An entry's history rows, oldest first."""
+    stmt = f"SELECT {_HISTORY_COLUMNS} FROM ledger_transitions WHERE entry_id = ? ORDER BY id"
+    return [
+        TransitionView(
+            id=row_id,
+            entry_id=entry,
+            from_state=None if from_state is None else EntryState(from_state),
+            to_state=EntryState(to_state),
+            at=_time(at),
+            actor=actor,
+            reason=reason,
+            attempt=attempt,
+            fencing_token=token,
+            evidence=None if evidence is None else json.loads(evidence),
+        )
+        for row_id, entry, from_state, to_state, at, actor, reason, attempt, token, evidence in (
+            conn.execute(stmt, (entry_id,))
+        )
+    ]
+
+
+def list_entries(
+    conn: sqlite3.Connection,
+    states: Sequence[str],
+    upstream: str | None,
+    tenant: str | None,
+    since: datetime | None,
+    limit: int,
+) -> list[EntryRow]:
+    """Entries matching every given filter, newest first."""
+    where: list[str] = []
+    params: list[Any] = []
+    if states:
+        where.append(f"state IN ({marks(len(states))})")
+        params.extend(states)
+    for column, value in (("upstream", upstream), ("tenant", tenant)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            params.append(value)
+    if since is not None:
+        where.append("created_at >= ?")
+        params.append(TimeTexts()(since))
+    return _entries(conn, where, params, limit)
+
+
+def candidates(conn: sqlite3.Connection, limit: int, per_group: int) -> list[Candidate]:
+    """Waiting deferred work, oldest first, at most `per_group` calls per (tenant, upstream)."""
+    return [
+        Candidate(entry_id, tenant, upstream, tool, work_class, run_id, _time(created))
+        for entry_id, tenant, upstream, tool, work_class, run_id, created in conn.execute(
+            _CANDIDATES, (per_group, limit)
+        )
+    ]
+
+
+def task_owner(conn: sqlite3.Connection, task_id: str) -> str | None:
+    """The tenant whose entry holds task `task_id` (None: no entry does)."""
+    stmt = "SELECT tenant FROM ledger_entries WHERE task_id = ? LIMIT 1"
+    row = conn.execute(stmt, (task_id,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def find_task(conn: sqlite3.Connection, task_id: str, tenant: str) -> EntryRow | None:
+    """The entry of task `task_id` if tenant `tenant` created it (None otherwise)."""
+    stmt = f"SELECT {COLUMNS} FROM ledger_entries WHERE task_id = ? AND tenant = ?"
+    row = conn.execute(stmt, (task_id, tenant)).fetchone()
+    return None if row is None else entry_row(row)
+
+
+def list_tasks(
+    conn: sqlite3.Connection,
+    tenant: str,
+    limit: int,
+    before: tuple[datetime, str] | None,
+    upstream: str | None,
+) -> list[EntryRow]:
+    """Tenant `tenant`'s tasks (the proxy's own; on `upstream` only, if given), newest first,
+    created before `before`."""
+    where = ["tenant = ?", "task_id IS NOT NULL", "task_id NOT LIKE ?"]
+    params: list[Any] = [tenant, f"{UPSTREAM_TASK_PREFIX}%"]
+    if upstream is not None:
+        where.append("upstream = ?")
+        params.append(upstream)
+    if before is not None:
+        created, entry_id = before
+        text = TimeTexts()(created)
+        where.append("(created_at < ? OR (created_at = ? AND id < ?))")
+        params.extend((text, text, entry_id))
+    return _entries(conn, where, params, limit)
+
+
+def _entries(
+    conn: sqlite3.Connection, where: list[str], params: list[Any], limit: int
+) -> list[EntryRow]:
+    condition = f"WHERE {' AND '.join(where)} " if where else ""
+    stmt = f"SELECT {COLUMNS} FROM ledger_entries {condition}{_NEWEST_FIRST}"
+    return [entry_row(values) for values in conn.execute(stmt, (*params, limit))]
+
+
+def _time(text: str) -> datetime:
+    """A stored time (UTC text) as an aware datetime."""
+    return datetime.fromisoformat(f"{text}+00:00")
