@@ -5,13 +5,15 @@ the same database."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger import (
     AmbiguousReference,
@@ -22,7 +24,7 @@ from ledger import (
     deferred_queries,
     queries,
 )
-from ledger.db import open_engines
+from ledger.db import Engines, open_engines
 from ledger.deferred import upstream_task_id
 from ledger.migrate import current_revision
 from ledger.sqlite_connect import sqlite_path
@@ -77,18 +79,29 @@ async def _a_ledger_with_every_kind_of_entry(settings: LedgerSettings) -> None:
         await store.close()
 
 
-async def test_the_plain_reads_answer_what_the_toolkit_answers(tmp_path: Path) -> None:
-    settings = LedgerSettings(url=f"sqlite:///{tmp_path}/ledger.db")
+@contextlib.asynccontextmanager
+async def _read_both_ways(
+    folder: Path,
+) -> AsyncIterator[tuple[SQLiteReads, AsyncConnection, Engines]]:
+    """A ledger holding every kind of entry, and both ways to read it: the plain reader, and a
+    connection of the toolkit's engines (with the engines)."""
+    settings = LedgerSettings(url=f"sqlite:///{folder}/ledger.db")
     await _a_ledger_with_every_kind_of_entry(settings)
     plain = SQLiteReads(sqlite_path(settings.url), settings.durability)
     engines = open_engines(settings)
     try:
         async with engines.read.connect() as conn:
-            counts = await queries.count_by_state(conn)
-            oldest = {s.value: await queries.oldest_change(conn, s.value) for s in EntryState}
-            every = await deferred_queries.candidates(conn, BIG, per_group=BIG)
-            two_each = await deferred_queries.candidates(conn, BIG, per_group=2)
-            first_three = await deferred_queries.candidates(conn, 3, per_group=2)
+            yield plain, conn, engines
+    finally:
+        await plain.close()
+        await engines.dispose()
+
+
+async def test_the_plain_reads_answer_what_the_toolkit_answers(tmp_path: Path) -> None:
+    """What a proxy reads all day: counts, oldest changes, deferred work's candidates within
+    their per-group window, the schema's revision."""
+    async with _read_both_ways(tmp_path) as (plain, conn, engines):
+        counts = await queries.count_by_state(conn)
         assert counts == {
             "succeeded": 2,
             "failed": 1,
@@ -97,19 +110,20 @@ async def test_the_plain_reads_answer_what_the_toolkit_answers(tmp_path: Path) -
             "rejected": 1,
             "accepted": 7,
         }
+        assert await plain.count_by_state() == counts
+        for state in EntryState:
+            when = await queries.oldest_change(conn, state.value)
+            assert await plain.oldest_change(state.value) == when, state
+        every = await deferred_queries.candidates(conn, BIG, per_group=BIG)
+        two_each = await deferred_queries.candidates(conn, BIG, per_group=2)
         assert len(every) == 7
         assert len(two_each) == 6  # acme's third on mail waits behind its first two
-        assert await plain.count_by_state() == counts
-        for state, when in oldest.items():
-            assert await plain.oldest_change(state) == when, state
         assert await plain.candidates(BIG, per_group=BIG) == every
         assert await plain.candidates(BIG, per_group=2) == two_each
+        first_three = await deferred_queries.candidates(conn, 3, per_group=2)
         assert await plain.candidates(3, per_group=2) == first_three
         assert await plain.revision() == await current_revision(engines)
         await plain.ping()
-    finally:
-        await plain.close()
-        await engines.dispose()
 
 
 async def test_a_plain_read_of_a_ledger_that_cannot_be_read_is_unavailable(
@@ -170,82 +184,74 @@ async def test_an_operators_and_a_clients_reads_answer_what_the_toolkit_answers(
 ) -> None:
     """Entries by id, key and prefix with their history, filtered lists, counts by upstream,
     and tasks by id and page."""
-    settings = LedgerSettings(url=f"sqlite:///{tmp_path}/ledger.db")
-    await _a_ledger_with_every_kind_of_entry(settings)
-    plain = SQLiteReads(sqlite_path(settings.url), settings.durability)
-    engines = open_engines(settings)
-    try:
-        async with engines.read.connect() as conn:
-            newest = await queries.list_entries(conn, limit=BIG)
-            assert len(newest) == 15
-            for row in newest[:4] + newest[-4:]:
-                for reference in (row.id, row.id[:-3], row.idempotency_key):
-                    if reference == "shared":
-                        continue
-                    found = await _both(
-                        lambda r=reference: plain.find_entry(r),
-                        lambda r=reference: queries.find_entry(conn, r),
-                    )
-                    assert found.id == row.id
-                entry, history = await plain.entry(row.id)
-                assert (entry, history) == (row, await queries.history(conn, row.id))
-                assert history, "every entry has at least its first transition"
-            for reference in ("shared", newest[0].id[:6], "nothing-has-this-key"):
-                with pytest.raises((AmbiguousReference, EntryNotFound)):
-                    await _both(
-                        lambda r=reference: plain.find_entry(r),
-                        lambda r=reference: queries.find_entry(conn, r),
-                    )
-            middle = newest[len(newest) // 2].created_at
-            for states, upstream, tenant, since in (
-                ([], None, None, None),
-                (["running", "unknown"], None, None, None),
-                ([], "crm", None, None),
-                ([], "mail", "acme", None),
-                ([], None, None, middle),
-                (["accepted"], None, "acme", middle),
-            ):
-                for limit in (3, BIG):
-                    theirs = await queries.list_entries(
-                        conn,
-                        states=states,
-                        upstream=upstream,
-                        tenant=tenant,
-                        since=since,
-                        limit=limit,
-                    )
-                    assert theirs
-                    ours = await plain.list_entries(states, upstream, tenant, since, limit)
-                    assert ours == theirs, (states, upstream, tenant, since, limit)
-            assert await plain.stats() == await queries.stats(conn)
-            tasks = [row for row in newest if row.task_id and not row.task_id.startswith("up:")]
-            assert len(tasks) == 7  # the proxy's own: the upstream's task is not listed
-            for row in tasks[:2]:
-                assert row.task_id is not None
-                owner = await deferred_queries.task_owner(conn, row.task_id)
-                assert owner == row.tenant
-                assert await plain.task_owner(row.task_id) == owner
-                found_task = await deferred_queries.find_task(conn, row.task_id, row.tenant)
-                assert found_task == row
-                assert await plain.find_task(row.task_id, row.tenant) == row
-                assert await plain.find_task(row.task_id, "someone-else") is None
-            assert await plain.task_owner("no-such-task") is None
-            theirs_id = upstream_task_id("mail", "their-task-1")
-            assert await plain.task_owner(theirs_id) == "acme"
-            assert await deferred_queries.task_owner(conn, theirs_id) == "acme"
-            cursor = (tasks[1].created_at, tasks[1].id)  # the newer of globex's two
-            for tenant, upstream, before in (
-                ("acme", None, None),
-                ("acme", "crm", None),
-                ("acme", None, cursor),
-                ("globex", "mail", cursor),
-            ):
-                theirs = await deferred_queries.list_tasks(
-                    conn, tenant, limit=BIG, before=before, upstream=upstream
+    async with _read_both_ways(tmp_path) as (plain, conn, _):
+        newest = await queries.list_entries(conn, limit=BIG)
+        assert len(newest) == 15
+        for row in newest[:4] + newest[-4:]:
+            for reference in (row.id, row.id[:-3], row.idempotency_key):
+                if reference == "shared":
+                    continue
+                found = await _both(
+                    lambda r=reference: plain.find_entry(r),
+                    lambda r=reference: queries.find_entry(conn, r),
                 )
-                assert theirs, (tenant, upstream, before)
-                ours = await plain.list_tasks(tenant, BIG, before, upstream)
-                assert ours == theirs, (tenant, upstream, before)
-    finally:
-        await plain.close()
-        await engines.dispose()
+                assert found.id == row.id
+            entry, history = await plain.entry(row.id)
+            assert (entry, history) == (row, await queries.history(conn, row.id))
+            assert history, "every entry has at least its first transition"
+        for reference in ("shared", newest[0].id[:6], "nothing-has-this-key"):
+            with pytest.raises((AmbiguousReference, EntryNotFound)):
+                await _both(
+                    lambda r=reference: plain.find_entry(r),
+                    lambda r=reference: queries.find_entry(conn, r),
+                )
+        middle = newest[len(newest) // 2].created_at
+        for states, upstream, tenant, since in (
+            ([], None, None, None),
+            (["running", "unknown"], None, None, None),
+            ([], "crm", None, None),
+            ([], "mail", "acme", None),
+            ([], None, None, middle),
+            (["accepted"], None, "acme", middle),
+        ):
+            for limit in (3, BIG):
+                theirs = await queries.list_entries(
+                    conn,
+                    states=states,
+                    upstream=upstream,
+                    tenant=tenant,
+                    since=since,
+                    limit=limit,
+                )
+                assert theirs
+                ours = await plain.list_entries(states, upstream, tenant, since, limit)
+                assert ours == theirs, (states, upstream, tenant, since, limit)
+        assert await plain.stats() == await queries.stats(conn)
+        tasks = [row for row in newest if row.task_id and not row.task_id.startswith("up:")]
+        assert len(tasks) == 7  # the proxy's own: the upstream's task is not listed
+        for row in tasks[:2]:
+            assert row.task_id is not None
+            owner = await deferred_queries.task_owner(conn, row.task_id)
+            assert owner == row.tenant
+            assert await plain.task_owner(row.task_id) == owner
+            found_task = await deferred_queries.find_task(conn, row.task_id, row.tenant)
+            assert found_task == row
+            assert await plain.find_task(row.task_id, row.tenant) == row
+            assert await plain.find_task(row.task_id, "someone-else") is None
+        assert await plain.task_owner("no-such-task") is None
+        theirs_id = upstream_task_id("mail", "their-task-1")
+        assert await plain.task_owner(theirs_id) == "acme"
+        assert await deferred_queries.task_owner(conn, theirs_id) == "acme"
+        cursor = (tasks[1].created_at, tasks[1].id)  # the newer of globex's two
+        for tenant, upstream, before in (
+            ("acme", None, None),
+            ("acme", "crm", None),
+            ("acme", None, cursor),
+            ("globex", "mail", cursor),
+        ):
+            theirs = await deferred_queries.list_tasks(
+                conn, tenant, limit=BIG, before=before, upstream=upstream
+            )
+            assert theirs, (tenant, upstream, before)
+            ours = await plain.list_tasks(tenant, BIG, before, upstream)
+            assert ours == theirs, (tenant, upstream, before)

@@ -64,34 +64,45 @@ async def test_a_handshake_era_task_runs_over_a_process_of_the_proxys_own(
     assert content == [{"type": "text", "text": "from stdio"}]
 
 
+_TASKS_META = {
+    **ENVELOPE,
+    "io.modelcontextprotocol/clientCapabilities": {"extensions": {EXT: {}}},
+    "interlock/class": "bulk",
+}
+_TASKS_HEADERS = {"MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/call", "Mcp-Name": "echo"}
+
+
+async def _a_task_while_paused(
+    proxy: RunningProxy, http: aiohttp.ClientSession, text: str, *, wait_s: float = 0.0
+) -> dict[str, Any]:
+    """A bulk `echo` declaring the 2026-07-28 extension while its upstream is paused (a task);
+    `wait_s` later the upstream is resumed; `tasks/get` is then polled until the task is no
+    longer working (within `BOUNDED_S`): its last result."""
+    raw = RawMcp(http, proxy.mcp_url("st"))
+    proxy.app[SCHEDULER].pause("upstream:st")
+    call = {"name": "echo", "arguments": {"text": text}, "_meta": _TASKS_META}
+    created = await raw.post(_request(1, "tools/call", call), _TASKS_HEADERS)
+    task_id = created.last["result"]["taskId"]
+    await asyncio.sleep(wait_s)
+    proxy.app[SCHEDULER].resume("upstream:st")
+    get_headers = {**_TASKS_HEADERS, "Mcp-Method": "tasks/get", "Mcp-Name": task_id}
+    poll = _request(2, "tasks/get", {"taskId": task_id, "_meta": _TASKS_META})
+    async with asyncio.timeout(BOUNDED_S):
+        while True:
+            result: dict[str, Any] = (await raw.post(poll, get_headers)).last["result"]
+            if result["status"] != "working":
+                return result
+            await asyncio.sleep(0.05)
+
+
 async def test_a_modern_task_runs_over_the_shared_process(
     proxy: RunningProxy, http: aiohttp.ClientSession
 ) -> None:
     """2026-07-28: a bulk call declaring the extension, while paused, is a task; once resumed,
     `tasks/get` shows it completed with the result inline."""
-    raw = RawMcp(http, proxy.mcp_url("st"))
-    meta = {
-        **ENVELOPE,
-        "io.modelcontextprotocol/clientCapabilities": {"extensions": {EXT: {}}},
-        "interlock/class": "bulk",
-    }
-    headers = {"MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/call", "Mcp-Name": "echo"}
-    proxy.app[SCHEDULER].pause("upstream:st")
-    call = {"name": "echo", "arguments": {"text": "shared"}, "_meta": meta}
-    created = await raw.post(_request(1, "tools/call", call), headers)
-    task_id = created.last["result"]["taskId"]
-    proxy.app[SCHEDULER].resume("upstream:st")
-    get_headers = {**headers, "Mcp-Method": "tasks/get", "Mcp-Name": task_id}
-    async with asyncio.timeout(BOUNDED_S):
-        while True:
-            polled = await raw.post(
-                _request(2, "tasks/get", {"taskId": task_id, "_meta": meta}), get_headers
-            )
-            if polled.last["result"]["status"] != "working":
-                break
-            await asyncio.sleep(0.05)
-    assert polled.last["result"]["status"] == "completed"
-    assert polled.last["result"]["result"]["content"] == [{"type": "text", "text": "shared"}]
+    result = await _a_task_while_paused(proxy, http, "shared")
+    assert result["status"] == "completed"
+    assert result["result"]["content"] == [{"type": "text", "text": "shared"}]
 
 
 async def test_a_task_tried_while_its_upstream_was_paused_runs_soon_after_the_resume(
@@ -99,27 +110,7 @@ async def test_a_task_tried_while_its_upstream_was_paused_runs_soon_after_the_re
 ) -> None:
     """The dispatcher meets the pause first and is refused (a paused caller is told to come back
     in 30 s); the resume lets the task start at the dispatcher's next look, not half a minute
-    later."""
-    raw = RawMcp(http, proxy.mcp_url("st"))
-    meta = {
-        **ENVELOPE,
-        "io.modelcontextprotocol/clientCapabilities": {"extensions": {EXT: {}}},
-        "interlock/class": "bulk",
-    }
-    headers = {"MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/call", "Mcp-Name": "echo"}
-    proxy.app[SCHEDULER].pause("upstream:st")
-    call = {"name": "echo", "arguments": {"text": "after the pause"}, "_meta": meta}
-    created = await raw.post(_request(1, "tools/call", call), headers)
-    task_id = created.last["result"]["taskId"]
-    await asyncio.sleep(0.5)  # the dispatcher, woken by the new task, tries it: paused
-    proxy.app[SCHEDULER].resume("upstream:st")
-    get_headers = {**headers, "Mcp-Method": "tasks/get", "Mcp-Name": task_id}
-    async with asyncio.timeout(BOUNDED_S):  # well under the pause's 30 s
-        while True:
-            polled = await raw.post(
-                _request(2, "tasks/get", {"taskId": task_id, "_meta": meta}), get_headers
-            )
-            if polled.last["result"]["status"] != "working":
-                break
-            await asyncio.sleep(0.05)
-    assert polled.last["result"]["status"] == "completed"
+    later (`BOUNDED_S` is well under that)."""
+    # Half a second paused: the dispatcher, woken by the new task, tries it and is refused.
+    result = await _a_task_while_paused(proxy, http, "after the pause", wait_s=0.5)
+    assert result["status"] == "completed"
