@@ -5,7 +5,8 @@ The loaders of `ledger.deferred_rows` run these inside the PostgreSQL writer's t
 locked `FOR UPDATE SKIP LOCKED`: a row that another replica is claiming right now is skipped (that
 replica has it), and a row this batch gets cannot change under it before COMMIT. (SQLite's
 writer reads the same with plain statements: `BEGIN IMMEDIATE` already gives its batch the whole
-database.) The reads serve the task routes, and the dispatcher on PostgreSQL.
+database.) The reads serve the task routes and the dispatcher on PostgreSQL (on SQLite:
+`ledger.sqlite_queries`).
 """
 
 from __future__ import annotations

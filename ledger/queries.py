@@ -1,11 +1,12 @@
-"""The ledger's statements through SQLAlchemy Core, for SQLite and PostgreSQL alike.
+"""The ledger's statements through SQLAlchemy Core (the query toolkit), for a PostgreSQL ledger.
 
-The reads (`find_entry`, `list_entries`, …) are async. `load` reads the rows of a PostgreSQL
-write batch that sweeps, purges or runs an operation's own loader (`ledger.pg_transactions`: not
-the hot path, whose statements are plain SQL in `ledger.pg_sql`, as are every batch's writes; a
-SQLite batch reads all of these with `ledger.sqlite_sql`). Rows a batch will change are read with
-`FOR UPDATE`, so the decisions made in Python cannot be raced by another process before the
-commit.
+The reads (`find_entry`, `list_entries`, …) are async; a SQLite ledger's are
+`ledger.sqlite_queries`, plain SQL that answers the same (a test reads one database both ways).
+`load` reads the rows of a PostgreSQL write batch that sweeps, purges or runs an operation's own
+loader (`ledger.pg_transactions`: not the hot path, whose statements are plain SQL in
+`ledger.pg_sql`, as are every batch's writes; a SQLite batch reads all of these with
+`ledger.sqlite_sql`). Rows a batch will change are read with `FOR UPDATE`, so the decisions made
+in Python cannot be raced by another process before the commit.
 """
 
 from __future__ import annotations
