@@ -1,8 +1,8 @@
 """The durable side-effect ledger: write-ahead claims keyed by idempotency key, leases with
 fencing tokens, an append-only history, and group commit (see DESIGN.md, "Ledger states").
 
-Importing the package loads no query toolkit: on SQLite a proxy that only serves calls never needs
-it (`ledger.store`)."""
+Importing the package loads no query toolkit: a proxy on a SQLite ledger never needs it
+(`ledger.store`)."""
 
 from __future__ import annotations
 

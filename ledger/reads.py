@@ -28,7 +28,7 @@ __all__ = ["LedgerReads"]
 
 class LedgerReads:
     """The read side of `LedgerStore`: `_sqlite` is its plain reader on SQLite (else None),
-    `_engines()` its toolkit engines, made when first asked for."""
+    `_engines()` its toolkit engines on PostgreSQL."""
 
     _sqlite: SQLiteReads | None
 

@@ -31,8 +31,8 @@ async def schema_at_head(
 ) -> Engines | None:
     """Check the schema's revision (on SQLite through `sqlite`, else through `engines`) and, when
     it is behind and `migrate` allows, migrate it: in a child process when `in_child` asks for
-    it, and here when not or when the child could not. The toolkit's engines afterwards (made
-    here for an in-process migration on SQLite; None when nothing needed them).
+    it, and here when not or when the child could not. Returns `engines` (None on SQLite: the
+    engines an in-process migration of a SQLite ledger needs are disposed of once it is done).
 
     Raises:
         LedgerUnavailable: the database cannot be read or migrated, or (`migrate=False`) it is
@@ -60,10 +60,9 @@ async def schema_at_head(
     if engines is not None:
         await upgrade(engines)
         return engines
-    made = open_engines(settings)
+    migrating = open_engines(settings)  # a SQLite ledger's, for the migration only
     try:
-        await upgrade(made)
-    except BaseException:
-        await made.dispose()
-        raise
-    return made
+        await upgrade(migrating)
+    finally:
+        await migrating.dispose()
+    return None

@@ -378,11 +378,9 @@ class LedgerStore(LedgerReads):
         return self._writer.restarts
 
     def _engines(self) -> Engines:
-        """The toolkit's engines (on SQLite made, and the toolkit imported, when first asked)."""
+        """The toolkit's engines (a PostgreSQL ledger's: a SQLite ledger reads without them)."""
         if self._toolkit is None:
-            from ledger.db import open_engines
-
-            self._toolkit = open_engines(self._settings)
+            raise LedgerError("a SQLite ledger has no toolkit engines (see ledger.sqlite_reads)")
         return self._toolkit
 
     def _ended(self, entry_id: str) -> None:
