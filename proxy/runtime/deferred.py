@@ -146,9 +146,12 @@ class Dispatcher:
         the waiting windows per upstream and per tenant (oldest first)."""
         now = time.monotonic()
         hand = self._hand
-        if hand.paused:
+        if hand.paused:  # held back while still waiting here and its scope still paused
             paused = self._app[SCHEDULER].paused_scopes()
-            hand.paused = {i: scope for i, scope in hand.paused.items() if scope in paused}
+            waiting = {candidate.entry_id for candidate in found}
+            hand.paused = {
+                i: scope for i, scope in hand.paused.items() if scope in paused and i in waiting
+            }
         per_upstream = Counter(c.upstream for c in hand.waiting.values())
         per_tenant = Counter((c.upstream, c.tenant) for c in hand.waiting.values())
         chosen = []
@@ -204,7 +207,7 @@ class Dispatcher:
             slot = await app[SCHEDULER].admit(admission)
         except AdmissionRefused as refused:
             if refused.refusal.reason == "paused":
-                self._hand.paused[candidate.entry_id] = refused.refusal.scope
+                self.held_back(candidate.entry_id, refused.refusal.scope)
             else:
                 self._back_off(candidate.entry_id, refused.refusal.retry_after_s)
             return
@@ -215,6 +218,16 @@ class Dispatcher:
             await self._claim_and_run(store, runner, candidate, spec, slot, admission)
         finally:
             slot.release()
+
+    def held_back(self, entry_id: str, scope: str) -> None:
+        """The scheduler refused this call because `scope` is paused: it is not offered again
+        while the scope stays paused (and forgotten once it is no longer waiting work)."""
+        self._hand.paused[entry_id] = scope
+
+    @property
+    def held_back_count(self) -> int:
+        """Calls held back by a pause."""
+        return len(self._hand.paused)
 
     def _back_off(self, entry_id: str, retry_after_s: float) -> None:
         delay = retry_after_s if math.isfinite(retry_after_s) and retry_after_s > 0 else 1.0
