@@ -6,10 +6,10 @@ itself; it is told not to, and every transaction is begun here instead: `BEGIN I
 writers, so two processes never both read and then both try to write (which SQLite answers with
 an immediate "database is locked"), plain `BEGIN` for readers, which WAL never blocks.
 
-On SQLite these engines serve the operator's reads, the migrations and deferred work's loaders:
-the group-commit writer and the proxy's own reads use the stdlib driver directly
-(`ledger.sqlite_transactions`, `ledger.sqlite_reads`), so a proxy that only serves calls never
-imports this module. PostgreSQL's writer takes its connection from the `write` engine.
+On SQLite these engines serve the migrations only: the group-commit writer and every read use the
+stdlib driver directly (`ledger.sqlite_transactions`, `ledger.sqlite_reads`), so a proxy on a
+SQLite ledger never imports this module. PostgreSQL's writer takes its connection from the
+`write` engine, and its reads use the `read` engine.
 """
 
 from __future__ import annotations

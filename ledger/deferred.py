@@ -72,12 +72,16 @@ def _cursor(entry: EntryView) -> str:
 
 
 def _parse_cursor(cursor: str) -> tuple[datetime, str]:
-    """Raises ValueError for a cursor this ledger did not give out."""
+    """Raises ValueError for a cursor this ledger did not give out (those name their time's
+    zone: a time without one would compare with no stored time)."""
     try:
         created, entry_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
-        return datetime.fromisoformat(created), entry_id
+        moment = datetime.fromisoformat(created)
     except (UnicodeDecodeError, ValueError, TypeError) as exc:
         raise ValueError(f"not a task list cursor: {cursor[:64]!r}") from exc
+    if moment.utcoffset() is None:
+        raise ValueError(f"not a task list cursor: {cursor[:64]!r}")
+    return moment, entry_id
 
 
 class DeferredWork:

@@ -1,10 +1,8 @@
 """SQLite ledger connections on the stdlib driver alone: what a proxy needs without the toolkit.
 
-`interlock serve` on the embedded default writes, sweeps, purges, polls for deferred work and
-answers readiness and metrics through connections opened here (`ledger.sqlite_transactions`,
-`ledger.sqlite_reads`), so SQLAlchemy is imported only when an operator's read, a migration or
-deferred work's own loaders need it (`ledger.db`, whose engines configure their connections with
-the same `configure`).
+A SQLite ledger's every statement runs on connections opened here: the writer's
+(`ledger.sqlite_transactions`) and the reader's (`ledger.sqlite_reads`), so SQLAlchemy is imported
+only to migrate (`ledger.db`, whose engines set their connections up with the same `pragmas`).
 
 Every connection: autocommit at the driver (the ledger begins its own transactions: `BEGIN
 IMMEDIATE` to write, nothing or `BEGIN` to read), a busy timeout, WAL, `synchronous` FULL (NORMAL

@@ -95,12 +95,17 @@ def find_entry(conn: sqlite3.Connection, reference: str) -> EntryRow:
         AmbiguousReference: the key or prefix names several entries.
     """
     lowered = reference.lower()
-    conditions = [("id = ?", reference), ("idempotency_key = ?", reference)]
+    conditions: list[tuple[str, tuple[str, ...]]] = [
+        ("id = ?", (reference,)),
+        ("idempotency_key = ?", (reference,)),
+    ]
     if len(lowered) >= _MIN_PREFIX and all(ch in "0123456789abcdef" for ch in lowered):
-        conditions.append(("id LIKE ?", f"{lowered}%"))  # hex digits only: nothing to escape
-    for condition, value in conditions:
+        # Ids are lowercase hex, all below "g": the ids that start with the prefix are exactly
+        # those in [prefix, prefix + "g"), found through the primary key (a LIKE reads them all).
+        conditions.append(("id >= ? AND id < ?", (lowered, f"{lowered}g")))
+    for condition, values in conditions:
         stmt = f"SELECT {COLUMNS} FROM ledger_entries WHERE {condition} ORDER BY id LIMIT ?"
-        rows = [entry_row(values) for values in conn.execute(stmt, (value, _FIND_LIMIT))]
+        rows = [entry_row(row) for row in conn.execute(stmt, (*values, _FIND_LIMIT))]
         if len(rows) == 1:
             return rows[0]
         if rows:

@@ -37,6 +37,7 @@ class SQLiteReads:
         self._durability = durability
         self._conn: sqlite3.Connection | None = None  # only ever touched on the reader's thread
         self._thread: WriterThread | None = None  # started by the first read
+        self._closed = False
 
     @property
     def path(self) -> Path:
@@ -162,13 +163,19 @@ class SQLiteReads:
         return await self._read("tasks", read, tenant, limit, before, upstream)
 
     async def close(self) -> None:
-        """Close the connection and let the thread go (a read after this opens them again)."""
-        thread, self._thread = self._thread, None
+        """Close the connection and let the thread go once the reads queued before have run;
+        a read after this is refused (`LedgerUnavailable`: the store is closed)."""
+        self._closed = True
+        thread = self._thread
         if thread is not None:
-            await thread.run(self._disconnect)
-            thread.stop()
+            try:
+                await thread.run(self._disconnect)
+            finally:
+                thread.stop()
 
     async def _read(self, what: str, read: Callable[..., T], *args: Any) -> T:
+        if self._closed:
+            raise LedgerUnavailable("the ledger store is closed")
         if self._thread is None:
             self._thread = WriterThread("ledger-reader")
         try:
@@ -178,6 +185,8 @@ class SQLiteReads:
             raise LedgerUnavailable(f"ledger {what} failed: {detail}") from error
 
     def _on_thread(self, read: Callable[..., T], args: tuple[Any, ...]) -> T:
+        if self._closed:  # queued before the close, run after its disconnect: no new connection
+            raise LedgerUnavailable("the ledger store is closed")
         if self._conn is None:
             self._conn = sqlite_connect.connect(self._path, self._durability)
         try:

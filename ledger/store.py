@@ -1,7 +1,7 @@
 """`LedgerStore`: the ledger's one interface for the proxy and the CLI.
 
 Writes go through the group-commit writer (one transaction and one fsync per batch); reads
-(`ledger.reads`) use their own short connection each. Every method that touches the database raises
+(`ledger.reads`) never use the writer's connection. Every method that touches the database raises
 `LedgerUnavailable` when it cannot, so callers fail closed on one exception type.
 
 On SQLite every statement goes through the stdlib driver (`ledger.sqlite_transactions`,

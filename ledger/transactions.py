@@ -2,11 +2,11 @@
 
 A batch whose operations only name rows by id or by key — claims, finishes, renewals: the hot
 path — runs as plain prepared SQL on the driver's own connection (`ledger.sqlite_sql`,
-`ledger.pg_sql`), with the transaction begun and committed there too; on SQLite so do the lease
-sweep and the purge. A batch that runs an operation's own loader (deferred work), and on
-PostgreSQL one that sweeps or purges, reads through SQLAlchemy (`ledger.queries.load`) in the
-same transaction on the same connection, and writes with the same plain statements. Either way
-the callers hear nothing before COMMIT has returned.
+`ledger.pg_sql`), with the transaction begun and committed there too; on SQLite so does every
+other batch (the lease sweep, the purge, deferred work's loaders). On PostgreSQL a batch that
+sweeps, purges or runs a loader reads through SQLAlchemy (`ledger.queries.load`, locking what it
+reads) in the same transaction on the same connection, and writes with the same plain
+statements. Either way the callers hear nothing before COMMIT has returned.
 
 Each backend's connection is its own module: `ledger.sqlite_transactions` (the connection lives
 on the writer's own thread; a whole batch is one hop from the event loop) and

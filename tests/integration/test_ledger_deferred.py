@@ -4,6 +4,7 @@ claimed exactly once (across processes too), put back in line, finished, cancell
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import Any
 
 import pytest
@@ -224,6 +225,10 @@ async def test_tasks_are_listed_per_tenant_in_pages(ledger_store: LedgerStore) -
     assert keys == [f"p{i}" for i in reversed(range(5))]
     with pytest.raises(ValueError, match="cursor"):
         await ledger_store.deferred.tasks("acme", cursor="nonsense!")
+    # A cursor forged with a time that names no zone is refused the same way, on both backends.
+    forged = base64.urlsafe_b64encode(b"2026-12-05T10:00:00|" + first.entries[-1].id.encode())
+    with pytest.raises(ValueError, match="cursor"):
+        await ledger_store.deferred.tasks("acme", cursor=forged.decode())
 
 
 async def test_tasks_are_listed_per_upstream_in_full_pages(ledger_store: LedgerStore) -> None:

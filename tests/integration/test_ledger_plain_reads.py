@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
@@ -255,3 +256,34 @@ async def test_an_operators_and_a_clients_reads_answer_what_the_toolkit_answers(
             assert theirs, (tenant, upstream, before)
             ours = await plain.list_tasks(tenant, BIG, before, upstream)
             assert ours == theirs, (tenant, upstream, before)
+
+
+def _reader_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "ledger-reader"}
+
+
+async def test_reads_racing_the_close_leave_no_thread_or_connection_behind(
+    tmp_path: Path,
+) -> None:
+    """A store closing while reads are queued (a background finish still looking its entry up,
+    say): the queued reads finish or are refused as closed, and no read after the close opens a
+    new thread or connection; the close itself raises nothing."""
+    settings = LedgerSettings(url=f"sqlite:///{tmp_path}/ledger.db")
+    await _a_ledger_with_every_kind_of_entry(settings)
+    before = _reader_threads()
+    plain = SQLiteReads(sqlite_path(settings.url), settings.durability)
+    await plain.ping()
+    (mine,) = _reader_threads() - before  # the reader's one thread
+    queued = [asyncio.ensure_future(plain.count_by_state()) for _ in range(20)]
+    closing = asyncio.ensure_future(plain.close())
+    late = asyncio.ensure_future(plain.ping())  # after the close began
+    outcomes = await asyncio.gather(*queued, closing, late, return_exceptions=True)
+    for outcome in outcomes:
+        assert outcome is None or isinstance(outcome, (dict, LedgerUnavailable)), outcome
+    assert isinstance(outcomes[-1], LedgerUnavailable)
+    assert "closed" in str(outcomes[-1])
+    with pytest.raises(LedgerUnavailable, match="closed"):
+        await plain.count_by_state()
+    assert _reader_threads() - before <= {mine}  # no late read started another
+    mine.join(timeout=5)
+    assert not mine.is_alive()
