@@ -3,18 +3,17 @@
 Deferred work is a call the proxy admitted and recorded whole (`accepted`, with its request and a
 task id) to run later, when admission allows; the caller polls the task for its result. Writes
 are group-committed with every other write of the store (`ledger.deferred_ops`); reads use short
-connections of their own (`ledger.sqlite_reads` on SQLite, the query toolkit on PostgreSQL).
+connections of their own (the store's `ledger.reads.Reads`).
 Task lookups always name the tenant: a task id read by another tenant is not found.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from ledger.deferred_input import AwaitInput, InputResult, ProvideInput
 from ledger.deferred_ops import (
@@ -28,14 +27,8 @@ from ledger.deferred_ops import (
     Requeue,
 )
 from ledger.operations import Operation
-from ledger.sqlite_reads import SQLiteReads
+from ledger.reads import Reads
 from ledger.views import UPSTREAM_TASK_PREFIX, Candidate, ClaimRequest, EntryView, Outcome
-
-if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncConnection
-
-    Reading = Callable[[str], contextlib.AbstractAsyncContextManager[AsyncConnection]]
-
 
 __all__ = ["Candidate", "DeferredWork", "TaskPage", "upstream_task_id"]
 
@@ -87,10 +80,9 @@ def _parse_cursor(cursor: str) -> tuple[datetime, str]:
 class DeferredWork:
     """Deferred work in one `LedgerStore` (get it as `store.deferred`)."""
 
-    def __init__(self, submit: Submit[Any], reading: Reading, sqlite: SQLiteReads | None) -> None:
+    def __init__(self, submit: Submit[Any], reads: Reads) -> None:
         self._submit = submit
-        self._reading = reading
-        self._sqlite = sqlite
+        self._reads = reads
 
     # -- writes ---------------------------------------------------------------------------
 
@@ -208,12 +200,7 @@ class DeferredWork:
         Raises:
             LedgerUnavailable.
         """
-        if self._sqlite is not None:
-            return await self._sqlite.task_owner(task_id)
-        from ledger import deferred_queries
-
-        async with self._reading("task") as conn:
-            return await deferred_queries.task_owner(conn, task_id)
+        return await self._reads.task_owner(task_id)
 
     async def upstream_task_owner(self, upstream: str, task_id: str) -> str | None:
         """The tenant whose call got `upstream`'s own task `task_id` (None: not recorded).
@@ -229,13 +216,7 @@ class DeferredWork:
         Raises:
             LedgerUnavailable.
         """
-        if self._sqlite is not None:
-            row = await self._sqlite.find_task(task_id, tenant)
-        else:
-            from ledger import deferred_queries
-
-            async with self._reading("task") as conn:
-                row = await deferred_queries.find_task(conn, task_id, tenant)
+        row = await self._reads.find_task(task_id, tenant)
         return None if row is None else row.view()
 
     async def tasks(
@@ -253,15 +234,7 @@ class DeferredWork:
             LedgerUnavailable.
         """
         before = None if cursor is None else _parse_cursor(cursor)
-        if self._sqlite is not None:
-            rows = await self._sqlite.list_tasks(tenant, limit + 1, before, upstream)
-        else:
-            from ledger import deferred_queries
-
-            async with self._reading("tasks") as conn:
-                rows = await deferred_queries.list_tasks(
-                    conn, tenant, limit=limit + 1, before=before, upstream=upstream
-                )
+        rows = await self._reads.list_tasks(tenant, limit + 1, before, upstream)
         entries = [row.view() for row in rows[:limit]]
         more = len(rows) > limit
         return TaskPage(entries, _cursor(entries[-1]) if more and entries else None)
@@ -273,9 +246,4 @@ class DeferredWork:
         Raises:
             LedgerUnavailable.
         """
-        if self._sqlite is not None:
-            return await self._sqlite.candidates(limit, per_group=per_group)
-        from ledger import deferred_queries
-
-        async with self._reading("candidates") as conn:
-            return await deferred_queries.candidates(conn, limit, per_group=per_group)
+        return await self._reads.candidates(limit, per_group=per_group)

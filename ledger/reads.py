@@ -1,39 +1,91 @@
-"""The ledger's reads for operators and health: an entry and its history, filtered lists, counts.
+"""The ledger's reads for operators, health and deferred work: an entry and its history, filtered
+lists, counts, task lookups.
 
-`LedgerStore` is built on `LedgerReads`: no read uses the writer's connection, and a database
-that cannot be read raises `LedgerUnavailable`.
-
-On SQLite every read goes to `ledger.sqlite_reads` (the stdlib driver); on PostgreSQL through
-the query toolkit (`ledger.queries`), whose engines the store opens at start.
+`LedgerStore` is built on `LedgerReads`, which asks its backend's `Reads`: `ledger.sqlite_reads`
+on SQLite (the stdlib driver, on a thread of its own), `ledger.toolkit_reads` on PostgreSQL (the
+query toolkit's engines). No read uses the writer's connection, and a database that cannot be
+read raises `LedgerUnavailable`.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ledger.sqlite_reads import SQLiteReads
+from ledger.batch import EntryRow
 from ledger.states import EntryState
-from ledger.views import EntryView, TransitionView
+from ledger.views import Candidate, EntryView, TransitionView
 
-if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncConnection
+__all__ = ["LedgerReads", "Reads"]
 
-    from ledger.db import Engines
 
-__all__ = ["LedgerReads"]
+class Reads(Protocol):
+    """A backend's reads (each raises `LedgerUnavailable` when the database cannot be read)."""
+
+    async def ping(self) -> None:
+        """Return if the ledger's table can be read."""
+        ...
+
+    async def count_by_state(self) -> dict[str, int]:
+        """Entry counts by state (only the states that have entries)."""
+        ...
+
+    async def oldest_change(self, state: str) -> datetime | None:
+        """When the entry in `state` that changed least recently last changed."""
+        ...
+
+    async def stats(self) -> dict[tuple[str, str], int]:
+        """Entry counts by (state, upstream)."""
+        ...
+
+    async def entry(self, reference: str) -> tuple[EntryRow, list[TransitionView]]:
+        """The entry an id, an idempotency key or a unique id prefix names, and its history
+        (raises `EntryNotFound`, `AmbiguousReference`)."""
+        ...
+
+    async def find_entry(self, reference: str) -> EntryRow:
+        """The entry an id, an idempotency key or a unique id prefix names."""
+        ...
+
+    async def list_entries(
+        self,
+        states: Sequence[str],
+        upstream: str | None,
+        tenant: str | None,
+        since: datetime | None,
+        limit: int,
+    ) -> list[EntryRow]:
+        """Entries matching every given filter, newest first."""
+        ...
+
+    async def candidates(self, limit: int, *, per_group: int) -> list[Candidate]:
+        """Waiting deferred work, oldest first, at most `per_group` per (tenant, upstream)."""
+        ...
+
+    async def task_owner(self, task_id: str) -> str | None:
+        """The tenant whose entry holds task `task_id`."""
+        ...
+
+    async def find_task(self, task_id: str, tenant: str) -> EntryRow | None:
+        """The entry of task `task_id` if tenant `tenant` created it."""
+        ...
+
+    async def list_tasks(
+        self, tenant: str, limit: int, before: tuple[datetime, str] | None, upstream: str | None
+    ) -> list[EntryRow]:
+        """Tenant `tenant`'s own tasks, newest first, created before `before`."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the reads hold."""
+        ...
 
 
 class LedgerReads:
-    """The read side of `LedgerStore`: `_sqlite` is its plain reader on SQLite (else None),
-    `_engines()` its toolkit engines on PostgreSQL."""
+    """The read side of `LedgerStore`, on the store's `_reads`."""
 
-    _sqlite: SQLiteReads | None
-
-    def _engines(self) -> Engines:
-        raise NotImplementedError
+    _reads: Reads
 
     async def ping(self) -> None:
         """Return if the ledger can be read.
@@ -41,13 +93,7 @@ class LedgerReads:
         Raises:
             LedgerUnavailable: it cannot.
         """
-        if self._sqlite is not None:
-            await self._sqlite.ping()
-            return
-        from ledger import queries
-
-        async with self._reading("ping") as conn:
-            await queries.ping(conn)
+        await self._reads.ping()
 
     async def get(self, entry_or_key: str) -> tuple[EntryView, list[TransitionView]]:
         """An entry (by id, idempotency key, or unique id prefix) and its history.
@@ -55,14 +101,7 @@ class LedgerReads:
         Raises:
             EntryNotFound, AmbiguousReference, LedgerUnavailable.
         """
-        if self._sqlite is not None:
-            row, history = await self._sqlite.entry(entry_or_key)
-            return row.view(), history
-        from ledger import queries
-
-        async with self._reading("read") as conn:
-            row = await queries.find_entry(conn, entry_or_key)
-            history = await queries.history(conn, row.id)
+        row, history = await self._reads.entry(entry_or_key)
         return row.view(), history
 
     async def list_entries(
@@ -77,50 +116,18 @@ class LedgerReads:
         """Entries matching every given filter, newest first."""
         given = [] if state is None else [state] if isinstance(state, str) else list(state)
         states = [EntryState(s).value for s in given]
-        if self._sqlite is not None:
-            rows = await self._sqlite.list_entries(states, upstream, tenant, since, limit)
-            return [row.view() for row in rows]
-        from ledger import queries
-
-        async with self._reading("list") as conn:
-            rows = await queries.list_entries(
-                conn, states=states, upstream=upstream, tenant=tenant, since=since, limit=limit
-            )
+        rows = await self._reads.list_entries(states, upstream, tenant, since, limit)
         return [row.view() for row in rows]
 
     async def stats(self) -> dict[tuple[str, str], int]:
         """Entry counts by (state, upstream)."""
-        if self._sqlite is not None:
-            return await self._sqlite.stats()
-        from ledger import queries
-
-        async with self._reading("stats") as conn:
-            return await queries.stats(conn)
+        return await self._reads.stats()
 
     async def count_by_state(self) -> dict[str, int]:
         """Entry counts by state; every state is present, zero when empty."""
-        if self._sqlite is not None:
-            counts = await self._sqlite.count_by_state()
-        else:
-            from ledger import queries
-
-            async with self._reading("stats") as conn:
-                counts = await queries.count_by_state(conn)
+        counts = await self._reads.count_by_state()
         return {state.value: counts.get(state.value, 0) for state in EntryState}
 
     async def oldest_in_state(self, state: EntryState | str) -> datetime | None:
         """When the longest-waiting entry in `state` entered it (e.g. the oldest `unknown`)."""
-        if self._sqlite is not None:
-            return await self._sqlite.oldest_change(EntryState(state).value)
-        from ledger import queries
-
-        async with self._reading("stats") as conn:
-            return await queries.oldest_change(conn, EntryState(state).value)
-
-    @contextlib.asynccontextmanager
-    async def _reading(self, what: str) -> AsyncIterator[AsyncConnection]:
-        from ledger.db import translate_errors
-
-        with translate_errors(what):
-            async with self._engines().read.connect() as conn:
-                yield conn
+        return await self._reads.oldest_change(EntryState(state).value)

@@ -4,8 +4,8 @@ lookups, an operator's entries and lists, the schema's revision.
 
 They run on a thread of their own with one connection it keeps (opened at the first read, opened
 again after one that failed), which WAL lets read while the writer writes. The statements are
-`ledger.sqlite_queries`; on PostgreSQL the same reads go through the query toolkit
-(`ledger.queries`, `ledger.deferred_queries`).
+`ledger.sqlite_queries`. It is a SQLite ledger's `ledger.reads.Reads` (a PostgreSQL ledger's is
+`ledger.toolkit_reads`), and it also reads the schema's revision when the ledger opens.
 """
 
 from __future__ import annotations

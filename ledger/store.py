@@ -35,7 +35,7 @@ from ledger.operations import (
     ReleaseUnsent,
     Renew,
 )
-from ledger.reads import LedgerReads
+from ledger.reads import LedgerReads, Reads
 from ledger.reconcile_ops import Purge, Resolve, Sweep
 from ledger.schema_check import schema_at_head
 from ledger.sqlite_connect import is_sqlite_url, sqlite_path
@@ -77,16 +77,19 @@ class LedgerStore(LedgerReads):
         self._settings = settings
         self._owner = owner
         self._toolkit = engines
-        self._sqlite = sqlite
         transactions: Transactions
         if sqlite is not None:
+            self._reads: Reads = sqlite
             transactions = SQLiteTransactions(
                 sqlite.path, settings.durability, self._context, clock
             )
         else:
             from ledger.pg_transactions import PostgresTransactions
+            from ledger.toolkit_reads import ToolkitReads
 
-            transactions = PostgresTransactions(self._engines().write, self._context, clock)
+            assert engines is not None
+            self._reads = ToolkitReads(engines)
+            transactions = PostgresTransactions(engines.write, self._context, clock)
         max_batch = _GROUP_COMMIT_MAX_BATCH if settings.group_commit else 1
         self._in_flight = CallsInFlight(settings.lease_s) if settings.commit_delay_ms else None
         self._writer = GroupCommitWriter(
@@ -97,7 +100,7 @@ class LedgerStore(LedgerReads):
         )
         self._finishing = BackgroundFinishes()
         self._closed = False
-        self.deferred = DeferredWork(self._writer.submit, self._reading, self._sqlite)
+        self.deferred = DeferredWork(self._writer.submit, self._reads)
         """Deferred work: accepted calls with their requests, claimed later (`ledger.deferred`)."""
 
     @classmethod
@@ -163,8 +166,7 @@ class LedgerStore(LedgerReads):
         try:
             await self._writer.close()
         finally:
-            if self._sqlite is not None:
-                await self._sqlite.close()
+            await self._reads.close()
             if self._toolkit is not None:
                 await self._toolkit.dispose()
 
@@ -331,13 +333,7 @@ class LedgerStore(LedgerReads):
         """
         if as_ not in ("succeeded", "failed", "retry"):
             raise ValueError(f"resolve as succeeded, failed or retry, not {as_!r}")
-        if self._sqlite is not None:
-            row = await self._sqlite.find_entry(entry_or_key)
-        else:
-            from ledger import queries
-
-            async with self._reading("lookup") as conn:
-                row = await queries.find_entry(conn, entry_or_key)
+        row = await self._reads.find_entry(entry_or_key)
         return await self._writer.submit(Resolve(row.id, as_, note, actor, max_attempts))
 
     async def sweep_expired(self, limit: int = 500) -> int:
@@ -376,12 +372,6 @@ class LedgerStore(LedgerReads):
     def writer_restarts(self) -> int:
         """How many times the group-commit writer died and was started again."""
         return self._writer.restarts
-
-    def _engines(self) -> Engines:
-        """The toolkit's engines (a PostgreSQL ledger's: a SQLite ledger reads without them)."""
-        if self._toolkit is None:
-            raise LedgerError("a SQLite ledger has no toolkit engines (see ledger.sqlite_reads)")
-        return self._toolkit
 
     def _ended(self, entry_id: str) -> None:
         """The call of `entry_id` reports its end: the commit delay no longer waits for it."""
