@@ -17,7 +17,7 @@ from typing import Any
 from ledger.batch import EntryRow
 from ledger.errors import AmbiguousReference, EntryNotFound
 from ledger.revisions import VERSION_TABLE
-from ledger.sqlite_sql import COLUMNS, WAITING, TimeTexts, entry_row, marks
+from ledger.sqlite_sql import COLUMNS, WAITING, TimeTexts, entry_row, marks, stored_time
 from ledger.states import EntryState
 from ledger.views import UPSTREAM_TASK_PREFIX, Candidate, TransitionView
 
@@ -84,7 +84,7 @@ def oldest_change(conn: sqlite3.Connection, state: str) -> datetime | None:
     """When the entry in `state` that changed least recently last changed (None: no entry)."""
     stmt = "SELECT min(updated_at) FROM ledger_entries WHERE state = ?"
     (text,) = conn.execute(stmt, (state,)).fetchone()
-    return None if text is None else _time(text)
+    return None if text is None else stored_time(text)
 
 
 def find_entry(conn: sqlite3.Connection, reference: str) -> EntryRow:
@@ -122,7 +122,7 @@ def history(conn: sqlite3.Connection, entry_id: str) -> list[TransitionView]:
             entry_id=entry,
             from_state=None if from_state is None else EntryState(from_state),
             to_state=EntryState(to_state),
-            at=_time(at),
+            at=stored_time(at),
             actor=actor,
             reason=reason,
             attempt=attempt,
@@ -162,7 +162,7 @@ def list_entries(
 def candidates(conn: sqlite3.Connection, limit: int, per_group: int) -> list[Candidate]:
     """Waiting deferred work, oldest first, at most `per_group` calls per (tenant, upstream)."""
     return [
-        Candidate(entry_id, tenant, upstream, tool, work_class, run_id, _time(created))
+        Candidate(entry_id, tenant, upstream, tool, work_class, run_id, stored_time(created))
         for entry_id, tenant, upstream, tool, work_class, run_id, created in conn.execute(
             _CANDIDATES, (per_group, limit)
         )
@@ -211,8 +211,3 @@ def _entries(
     condition = f"WHERE {' AND '.join(where)} " if where else ""
     stmt = f"SELECT {COLUMNS} FROM ledger_entries {condition}{_NEWEST_FIRST}"
     return [entry_row(values) for values in conn.execute(stmt, (*params, limit))]
-
-
-def _time(text: str) -> datetime:
-    """A stored time (UTC text) as an aware datetime."""
-    return datetime.fromisoformat(f"{text}+00:00")

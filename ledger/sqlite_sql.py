@@ -45,6 +45,7 @@ __all__ = [
     "load_claimable",
     "marks",
     "rollback",
+    "stored_time",
 ]
 
 COLUMNS = ", ".join(ROW_FIELDS)
@@ -109,7 +110,7 @@ def rollback(conn: sqlite3.Connection) -> None:
 def database_now(conn: sqlite3.Connection) -> datetime:
     """The host's clock as SQLite reads it, to the millisecond, timezone-aware UTC."""
     (text,) = conn.execute(_NOW).fetchone()
-    return datetime.fromisoformat(f"{text}+00:00")
+    return stored_time(text)
 
 
 def load(conn: sqlite3.Connection, needs: Needs, ws: WorkingSet, *, now: datetime) -> None:
@@ -132,11 +133,8 @@ def load(conn: sqlite3.Connection, needs: Needs, ws: WorkingSet, *, now: datetim
         sql = _select_by_keys(len(keys), len(tenants), len(upstreams))
         _load_rows(conn, sql, [*keys, *tenants, *upstreams], ws)
     if needs.sweep_limit:
-        for values in conn.execute(_EXPIRED, (text(now), needs.sweep_limit)):
-            row = entry_row(values)
-            if row.id not in ws.rows:
-                ws.load(row)
-            ws.expired.append(row.id)
+        expired = _load_rows(conn, _EXPIRED, [text(now), needs.sweep_limit], ws)
+        ws.expired.extend(row.id for row in expired)
     for loader in needs.loaders:
         loader.on_sqlite(conn, ws)
 
@@ -165,10 +163,7 @@ def load_claimable(conn: sqlite3.Connection, ids: set[str], ws: WorkingSet) -> N
         f"SELECT {COLUMNS} FROM ledger_entries WHERE {WAITING} "
         f"AND id IN ({marks(len(wanted))}) ORDER BY id"
     )
-    for values in conn.execute(sql, wanted):
-        row = entry_row(values)
-        if row.id not in ws.rows:
-            ws.load(row)
+    _load_rows(conn, sql, wanted, ws)
 
 
 def flush(conn: sqlite3.Connection, ws: WorkingSet) -> bool:
@@ -282,9 +277,15 @@ def _insert_history(shape: Shape) -> str:
     return f"INSERT INTO ledger_transitions ({columns}) VALUES ({values})"
 
 
-def _load_rows(conn: sqlite3.Connection, sql: str, params: list[str], ws: WorkingSet) -> None:
-    for values in conn.execute(sql, params):
-        ws.load(entry_row(values))
+def _load_rows(
+    conn: sqlite3.Connection, sql: str, params: list[Any], ws: WorkingSet
+) -> list[EntryRow]:
+    """The rows `sql` reads, each loaded into `ws` unless an earlier read of the batch did."""
+    rows = [entry_row(values) for values in conn.execute(sql, params)]
+    for row in rows:
+        if row.id not in ws.rows:
+            ws.load(row)
+    return rows
 
 
 def entry_row(values: Iterable[Any]) -> EntryRow:
@@ -292,9 +293,14 @@ def entry_row(values: Iterable[Any]) -> EntryRow:
     row = list(values)
     for i in _TIME_INDEXES:
         if (text := row[i]) is not None:
-            row[i] = datetime.fromisoformat(text + "+00:00")
+            row[i] = stored_time(text)
     row[_RETAINED] = bool(row[_RETAINED])
     return EntryRow(*row)
+
+
+def stored_time(text: str) -> datetime:
+    """A time as SQLite holds it (UTC text, `ledger.tables.UTCTimestamp`): aware, in UTC."""
+    return datetime.fromisoformat(f"{text}+00:00")
 
 
 class TimeTexts:
