@@ -121,6 +121,22 @@ MUTANTS = (
         why="callers hear 'done' for a write whose COMMIT failed",
     ),
     Mutant(
+        name="the SQLite sweep never finds an expired lease",
+        path="ledger/sqlite_sql.py",
+        module="ledger.sqlite_sql",
+        edits=(
+            (
+                '"AND lease_expires_at < ? ORDER BY id LIMIT ?"',
+                '"AND lease_expires_at < ? AND 0 ORDER BY id LIMIT ?"',
+            ),
+        ),
+        tests=(
+            "tests/integration/test_ledger_store.py::"
+            "test_expired_lease_becomes_unknown_and_needs_reconciliation",
+        ),
+        why="a call whose proxy died stays running for good instead of becoming unknown",
+    ),
+    Mutant(
         name="skip the fencing-token check",
         path="ledger/operations.py",
         module="ledger.operations",
