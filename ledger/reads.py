@@ -15,7 +15,7 @@ from typing import Protocol
 
 from ledger.batch import EntryRow
 from ledger.states import EntryState
-from ledger.views import Candidate, EntryView, TransitionView
+from ledger.views import Candidate, EntryFilter, EntryView, TransitionView
 
 __all__ = ["LedgerReads", "Reads"]
 
@@ -48,15 +48,8 @@ class Reads(Protocol):
         """The entry an id, an idempotency key or a unique id prefix names."""
         ...
 
-    async def list_entries(
-        self,
-        states: Sequence[str],
-        upstream: str | None,
-        tenant: str | None,
-        since: datetime | None,
-        limit: int,
-    ) -> list[EntryRow]:
-        """Entries matching every given filter, newest first."""
+    async def list_entries(self, wanted: EntryFilter) -> list[EntryRow]:
+        """The entries `wanted` asks for, newest first."""
         ...
 
     async def candidates(self, limit: int, *, per_group: int) -> list[Candidate]:
@@ -115,8 +108,8 @@ class LedgerReads:
     ) -> list[EntryView]:
         """Entries matching every given filter, newest first."""
         given = [] if state is None else [state] if isinstance(state, str) else list(state)
-        states = [EntryState(s).value for s in given]
-        rows = await self._reads.list_entries(states, upstream, tenant, since, limit)
+        states = tuple(EntryState(s).value for s in given)
+        rows = await self._reads.list_entries(EntryFilter(states, upstream, tenant, since, limit))
         return [row.view() for row in rows]
 
     async def stats(self) -> dict[tuple[str, str], int]:

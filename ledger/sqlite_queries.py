@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -19,7 +18,7 @@ from ledger.errors import AmbiguousReference, EntryNotFound
 from ledger.revisions import VERSION_TABLE
 from ledger.sqlite_sql import COLUMNS, WAITING, TimeTexts, entry_row, marks, stored_time
 from ledger.states import EntryState
-from ledger.views import UPSTREAM_TASK_PREFIX, Candidate, TransitionView
+from ledger.views import UPSTREAM_TASK_PREFIX, Candidate, EntryFilter, TransitionView
 
 __all__ = [
     "candidates",
@@ -135,28 +134,21 @@ def history(conn: sqlite3.Connection, entry_id: str) -> list[TransitionView]:
     ]
 
 
-def list_entries(
-    conn: sqlite3.Connection,
-    states: Sequence[str],
-    upstream: str | None,
-    tenant: str | None,
-    since: datetime | None,
-    limit: int,
-) -> list[EntryRow]:
-    """Entries matching every given filter, newest first."""
+def list_entries(conn: sqlite3.Connection, wanted: EntryFilter) -> list[EntryRow]:
+    """The entries `wanted` asks for, newest first."""
     where: list[str] = []
     params: list[Any] = []
-    if states:
-        where.append(f"state IN ({marks(len(states))})")
-        params.extend(states)
-    for column, value in (("upstream", upstream), ("tenant", tenant)):
+    if wanted.states:
+        where.append(f"state IN ({marks(len(wanted.states))})")
+        params.extend(wanted.states)
+    for column, value in (("upstream", wanted.upstream), ("tenant", wanted.tenant)):
         if value is not None:
             where.append(f"{column} = ?")
             params.append(value)
-    if since is not None:
+    if wanted.since is not None:
         where.append("created_at >= ?")
-        params.append(TimeTexts()(since))
-    return _entries(conn, where, params, limit)
+        params.append(TimeTexts()(wanted.since))
+    return _entries(conn, where, params, wanted.limit)
 
 
 def candidates(conn: sqlite3.Connection, limit: int, per_group: int) -> list[Candidate]:

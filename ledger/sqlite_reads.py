@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from ledger import sqlite_connect, sqlite_queries
 from ledger.batch import EntryRow
 from ledger.errors import LedgerUnavailable
-from ledger.views import Candidate, TransitionView
+from ledger.views import Candidate, EntryFilter, TransitionView
 from ledger.writer_thread import WriterThread
 
 __all__ = ["SQLiteReads"]
@@ -119,21 +119,13 @@ class SQLiteReads:
         """
         return await self._read("lookup", sqlite_queries.find_entry, reference)
 
-    async def list_entries(
-        self,
-        states: Sequence[str],
-        upstream: str | None,
-        tenant: str | None,
-        since: datetime | None,
-        limit: int,
-    ) -> list[EntryRow]:
-        """Entries matching every given filter, newest first.
+    async def list_entries(self, wanted: EntryFilter) -> list[EntryRow]:
+        """The entries `wanted` asks for, newest first.
 
         Raises:
             LedgerUnavailable.
         """
-        read = sqlite_queries.list_entries
-        return await self._read("list", read, states, upstream, tenant, since, limit)
+        return await self._read("list", sqlite_queries.list_entries, wanted)
 
     async def task_owner(self, task_id: str) -> str | None:
         """The tenant whose entry holds task `task_id` (None: no entry does).

@@ -8,7 +8,7 @@ that cannot be read raises `LedgerUnavailable` (`ledger.db.translate_errors`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ledger import deferred_queries, queries
 from ledger.batch import EntryRow
 from ledger.db import Engines, translate_errors
-from ledger.views import Candidate, TransitionView
+from ledger.views import Candidate, EntryFilter, TransitionView
 
 __all__ = ["ToolkitReads"]
 
@@ -52,17 +52,15 @@ class ToolkitReads:
         async with self._reading("lookup") as conn:
             return await queries.find_entry(conn, reference)
 
-    async def list_entries(
-        self,
-        states: Sequence[str],
-        upstream: str | None,
-        tenant: str | None,
-        since: datetime | None,
-        limit: int,
-    ) -> list[EntryRow]:
+    async def list_entries(self, wanted: EntryFilter) -> list[EntryRow]:
         async with self._reading("list") as conn:
             return await queries.list_entries(
-                conn, states=states, upstream=upstream, tenant=tenant, since=since, limit=limit
+                conn,
+                states=wanted.states,
+                upstream=wanted.upstream,
+                tenant=wanted.tenant,
+                since=wanted.since,
+                limit=wanted.limit,
             )
 
     async def candidates(self, limit: int, *, per_group: int) -> list[Candidate]:

@@ -18,6 +18,7 @@ __all__ = [
     "ClaimKind",
     "ClaimRequest",
     "ClaimResult",
+    "EntryFilter",
     "EntryView",
     "Outcome",
     "OutcomeDigest",
@@ -206,3 +207,15 @@ class Candidate:
     work_class: str
     run_id: str | None
     created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class EntryFilter:
+    """The entries a list asks for: those matching every filter given, newest first, at most
+    `limit`."""
+
+    states: tuple[str, ...] = ()
+    upstream: str | None = None
+    tenant: str | None = None
+    since: datetime | None = None
+    limit: int = 100

@@ -31,6 +31,7 @@ from ledger.migrate import current_revision
 from ledger.sqlite_connect import sqlite_path
 from ledger.sqlite_reads import SQLiteReads
 from ledger.states import EntryState
+from ledger.views import EntryFilter
 from policies.model import LedgerSettings
 from tests.ledger_fixtures import claim_request
 
@@ -225,7 +226,8 @@ async def test_an_operators_and_a_clients_reads_answer_what_the_toolkit_answers(
                     limit=limit,
                 )
                 assert theirs
-                ours = await plain.list_entries(states, upstream, tenant, since, limit)
+                wanted = EntryFilter(tuple(states), upstream, tenant, since, limit)
+                ours = await plain.list_entries(wanted)
                 assert ours == theirs, (states, upstream, tenant, since, limit)
         assert await plain.stats() == await queries.stats(conn)
         tasks = [row for row in newest if row.task_id and not row.task_id.startswith("up:")]
