@@ -56,6 +56,7 @@ __all__ = [
     "critical_reserve",
     "deadline_refusal",
     "decide_entry",
+    "fits",
     "has_room",
     "live_reserve",
     "patience_s",
@@ -319,12 +320,32 @@ def has_room(
     limit = scope.limits.max_running
     if limit is None:
         return True
-    running = load.running(scope.name)
     unfilled = live_reserve(config, scope, band, load) if deferred else 0
+    critical = 0 if band == "critical" else load.running_class(scope.name, "critical")
+    return fits(scope, band, load.running(scope.name), critical, unfilled)
+
+
+def fits(scope: Scope, band: WorkClass, running: int, critical: int, unfilled: int = 0) -> bool:
+    """Whether one more call of `band` fits in `scope` (limited to `max_running`) where `running`
+    calls run, `critical` of them critical, and `unfilled` slots are kept for others: critical
+    calls may take any slot left; other bands leave critical's unfilled reserve free."""
+    limit = scope.limits.max_running
+    assert limit is not None, "only a scope with a running limit can be full"
     if band == "critical":
         return running + unfilled < limit
-    unfilled += max(0, scope.reserve - load.running_class(scope.name, "critical"))
-    return running + 1 + unfilled <= limit
+    return running + 1 + unfilled + max(0, scope.reserve - critical) <= limit
+
+
+def _all_fit(state: AdmissionState, scopes: tuple[Scope, ...], band: WorkClass) -> bool:
+    """Whether a live call of `band` fits in every scope (`has_room` of each, read straight from
+    the state: the question every admitted call asks, answered without a `Load`)."""
+    running, by_class = state.running, state.running_by_class
+    for scope in scopes:
+        if scope.limits.max_running is not None:
+            name = scope.name
+            if not fits(scope, band, running.get(name, 0), by_class.get((name, "critical"), 0)):
+                return False
+    return True
 
 
 def patience_s(config: Config, band: WorkClass, scopes: tuple[Scope, ...]) -> float:
@@ -416,10 +437,12 @@ def decide_entry(
             return WaitCooldown(until, scopes)
         retry = bounded_retry_after(config, until - now, floor=_MIN_COOLDOWN_RETRY_S)
         return Reject(Refusal("cooldown", f"upstream:{request.upstream}", retry))
+    if not request.deferred and _all_fit(state, scopes, request.work_class):
+        return Admit(scopes)  # the common case: patience and queues only matter to one that waits
     blocked = blocking_scope(
         config, state, Load(state), scopes, request.work_class, deferred=request.deferred
     )
-    if blocked is None:  # the common case: patience and queues only matter to a call that waits
+    if blocked is None:
         return Admit(scopes)
     patience = patience_s(config, request.work_class, scopes)
     full = _full_queue(state, scopes)

@@ -197,26 +197,35 @@ class AdmissionBook:
         limited scopes (an estimated wait is only ever asked of a scope with a limit)."""
         band = running.request.work_class
         duration = max(now - running.started_at, 0.0)
+        counts, by_class, service = self._running, self._running_class, self._service
+        # Runs once per call: the counts are stepped down here, not through `_bump`.
         for scope in running.scopes:
             name = scope.name
-            _bump(self._running, name, -1)
+            left = counts.get(name, 0) - 1
+            if left:
+                counts[name] = left
+            else:
+                counts.pop(name, None)
             limits = scope.limits
             if limits.max_running is not None:
-                _bump(self._running_class, (name, band), -1)
-                if sample:
-                    self._sample(name, duration)
-            elif sample and limits.max_pending is not None:
-                self._sample(name, duration)
+                key = (name, band)
+                left = by_class.get(key, 0) - 1
+                if left:
+                    by_class[key] = left
+                else:
+                    by_class.pop(key, None)
+            elif not sample or limits.max_pending is None:
+                continue
+            if sample:  # re-inserted last: the most recently updated scope
+                previous = service.pop(name, None)
+                service[name] = (
+                    duration
+                    if previous is None
+                    else previous + SERVICE_TIME_WEIGHT * (duration - previous)
+                )
+        while len(service) > MAX_TIMED_SCOPES:
+            del service[next(iter(service))]
         self._index.unpark(running.request.tenant)  # its own scope has room again
-
-    def _sample(self, scope: str, duration: float) -> None:
-        previous = self._service.pop(scope, None)  # re-inserted last: most recently updated
-        average = (
-            duration if previous is None else previous + SERVICE_TIME_WEIGHT * (duration - previous)
-        )
-        self._service[scope] = average
-        if len(self._service) > MAX_TIMED_SCOPES:
-            del self._service[next(iter(self._service))]
 
     # -- waiting calls -------------------------------------------------------------------
 

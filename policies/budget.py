@@ -40,7 +40,11 @@ class RetryBudget:
 
     def record_request(self) -> None:
         """Count one new request (first attempts only; retries are counted by `try_spend`)."""
-        self._bucket().requests += 1
+        buckets = self._buckets
+        if buckets and buckets[-1].index == self._index():  # the current bucket: nothing expires
+            buckets[-1].requests += 1
+        else:
+            self._bucket().requests += 1
 
     def try_spend(self) -> bool:
         """Take one retry from the budget if it has one left; False means "do not retry"."""

@@ -367,6 +367,22 @@ MUTANTS = (
         ),
         why="a side-effecting call waits for its claim forever: never forwarded, never answered",
     ),
+    Mutant(
+        name="the admission fast path counts every running call as critical",
+        path="policies/admission.py",
+        module="policies.admission",
+        edits=(
+            (
+                'running.get(name, 0), by_class.get((name, "critical"), 0)):',
+                "running.get(name, 0), running.get(name, 0)):",
+            ),
+        ),
+        tests=(
+            "tests/unit/test_admission_properties.py::"
+            "test_a_new_call_is_admitted_exactly_when_every_scope_has_room",
+        ),
+        why="calls of other bands take the slots critical keeps: a critical call finds none",
+    ),
 )
 
 

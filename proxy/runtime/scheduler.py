@@ -145,13 +145,14 @@ class Scheduler:
             AdmissionRefused: the call may not start (overloaded, paused, cooldown, deadline,
                 shutting_down); never raised in observe mode.
         """
-        arrived = self._clock()
+        now = arrived = self._clock()
         if self._config.mode == "observe":
             return self._observe(req, arrived)
         waited = await self._pace(req, arrived, on_wait) if self._paced else False
         told_cooldown = False
         while True:
-            now = self._clock()
+            if waited:  # the first decision is taken as the call arrives
+                now = self._clock()
             decision = self._book.decide(req, now)
             if isinstance(decision, Admit):
                 running = self._book.start(req, decision.scopes, now)

@@ -16,13 +16,16 @@ from hypothesis import strategies as st
 
 from policies.admission import (
     AdmissionRequest,
+    AdmissionState,
     Admit,
     Load,
     Queue,
     Refusal,
     WaitCooldown,
     critical_reserve,
+    decide_entry,
     has_room,
+    scopes_for,
 )
 from policies.admission_book import AdmissionBook, Hold, Running
 from policies.admission_fairness import select_starts
@@ -439,3 +442,59 @@ def test_the_book_starts_what_the_reference_engine_starts(config: Config, ops: l
         driver.apply(operation)
     while driver.running:  # drain: every release dispatches, and is compared
         driver.finish(0)
+
+
+def _critical_reserve_in_use() -> Config:
+    """Global limited to 5, of which critical keeps 1 (30 %): with 4 calls of other bands running,
+    a fifth one of theirs does not fit (the last slot is critical's)."""
+    classes = {
+        "critical": ClassBand("critical", 0.3, 30.0),
+        "interactive": ClassBand("interactive", 0.3, 0.0),
+        "background": ClassBand("background", 0.2, 30.0),
+        "bulk": ClassBand("bulk", 0.2, 300.0),
+    }
+    upstreams = {name: UpstreamSpec(name, "http", url="http://127.0.0.1:9") for name in UPSTREAMS}
+    return Config(
+        upstreams=upstreams,
+        classes=classes,  # type: ignore[arg-type]
+        limits={"global": Limits(5, None, None)},
+    )
+
+
+@PROPERTY_SETTINGS
+@given(
+    config=configs(),
+    tenant=st.sampled_from(TENANTS),
+    band=st.sampled_from(WORK_CLASSES),
+    upstream=st.sampled_from(UPSTREAMS),
+    run_id=st.sampled_from([None, "r1"]),
+    cost_class=st.sampled_from([None, "browser"]),
+    running=st.lists(st.tuples(st.sampled_from(WORK_CLASSES), st.integers(0, 6)), max_size=4),
+)
+@example(_critical_reserve_in_use(), "a", "interactive", "u1", None, None, [("interactive", 4)])
+def test_a_new_call_is_admitted_exactly_when_every_scope_has_room(
+    config: Config,
+    tenant: str,
+    band: WorkClass,
+    upstream: str,
+    run_id: str | None,
+    cost_class: str | None,
+    running: list[tuple[WorkClass, int]],
+) -> None:
+    """`decide_entry` answers the common question (does a new call fit everywhere?) without a
+    `Load`: its answer must be `has_room` of every scope, however the running calls are spread
+    over the bands, critical's reserve included."""
+    request = AdmissionRequest(tenant, band, upstream, run_id=run_id, cost_class=cost_class)
+    scopes = scopes_for(config, request)
+    counts: dict[str, int] = {}
+    by_class: dict[tuple[str, WorkClass], int] = {}
+    for other, count in running:
+        for scope in scopes:
+            counts[scope.name] = counts.get(scope.name, 0) + count
+            key = (scope.name, other)
+            by_class[key] = by_class.get(key, 0) + count
+    state = AdmissionState(running=counts, running_by_class=by_class)
+    decision = decide_entry(config, state, request, 0.0, scopes=scopes)
+    load = Load(state)
+    room = all(has_room(config, scope, band, load) for scope in scopes)
+    assert isinstance(decision, Admit) == room

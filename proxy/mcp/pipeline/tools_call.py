@@ -39,6 +39,7 @@ from proxy.mcp.pipeline.context import (
 from proxy.mcp.pipeline.deferral import defer_or_start, wants_task
 from proxy.mcp.pipeline.side_effects import run_side_effect
 from proxy.mcp.pipeline.upstream_tasks import record_upstream_task
+from proxy.mcp.wire.tasks import created_task_id
 from proxy.runtime.rejections import REJECTIONS
 from proxy.runtime.scheduler import AdmissionRefused, Slot
 from proxy.runtime.upstream_pressure import retry_cap
@@ -268,7 +269,8 @@ async def _admit_and_run(call: ToolCall, send_upstream: SendUpstream, notify: No
         if call.policy.side_effect:
             return await run_side_effect(call, plan)
         response = await forward_with_retries(plan)
-        await record_upstream_task(call, response)  # only when the upstream answered a task
+        if (task_id := created_task_id(response)) is not None:  # the upstream answered a task
+            await record_upstream_task(call, response, task_id)
         return response
     except AdmissionRefused as refused:  # a retry could not be admitted again
         return _refused(call, refused, record=False)

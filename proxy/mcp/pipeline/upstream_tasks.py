@@ -18,7 +18,6 @@ from ledger import LedgerError
 from policies.keys import KeyDecision, fingerprint
 from proxy.mcp.pipeline.context import JsonObject, ToolCall
 from proxy.mcp.pipeline.outcomes import encode_outcome
-from proxy.mcp.wire.tasks import created_task_id
 from proxy.state import LEDGER
 
 __all__ = ["record_upstream_task"]
@@ -26,13 +25,12 @@ __all__ = ["record_upstream_task"]
 log = logging.getLogger("interlock.ledger")
 
 
-async def record_upstream_task(call: ToolCall, response: JsonObject) -> None:
-    """Record `response` when it is the upstream's own task for this read-only call."""
-    task_id = created_task_id(response)
+async def record_upstream_task(call: ToolCall, response: JsonObject, task_id: str) -> None:
+    """Record `response`, the upstream's own task `task_id` for this read-only call
+    (`created_task_id` of the response)."""
     store = call.ctx.app[LEDGER].store
-    if task_id is None or store is None:
-        if task_id is not None:
-            log.warning("the upstream's task %r is not recorded: the ledger is not open", task_id)
+    if store is None:
+        log.warning("the upstream's task %r is not recorded: the ledger is not open", task_id)
         return
     upstream = call.ctx.upstream.name
     request = call.claim_request(KeyDecision(None, "none", fingerprint(call.tool, call.arguments)))
