@@ -9,11 +9,13 @@ Targets, each its own process, measured in the same run:
   new ledger (migrated by a child process `serve` starts), then restarted on it;
 - dependencies alone: a process that imports every module the restarted `interlock serve` had
   loaded when it stopped (the standard library's and the third-party packages' DESIGN chose:
-  aiohttp, pydantic, OpenTelemetry, ...), none of Interlock's own, and then serves an empty
-  aiohttp application. It holds no Interlock code and no data: what is left of serve's figure
-  once it is subtracted is Interlock's own. (The ledger's query toolkit, SQLAlchemy with SQLModel
-  and aiosqlite, is not among them: a proxy on a SQLite ledger never loads it. A last row
-  imports it beside them, for what a PostgreSQL ledger or an in-process migration adds.)
+  aiohttp, OpenTelemetry, ...), none of Interlock's own, and then serves an empty aiohttp
+  application. It holds no Interlock code and no data: what is left of serve's figure once it is
+  subtracted is Interlock's own. (The ledger's query toolkit, SQLAlchemy with SQLModel and
+  aiosqlite, is not among them: a proxy on a SQLite ledger never loads it; nor is what validates
+  the configuration, pydantic and PyYAML: serve leaves that to a child process. A last row
+  imports the toolkit beside them, with pydantic, which SQLModel needs, for what a PostgreSQL
+  ledger or an in-process migration adds.)
 
 RSS is read once the process answers, then after a run of calls (MCP read-only `tools/call`s and
 chat completions, JSON and streamed, at concurrency 32) and a short idle pause. Goal: Interlock
@@ -44,13 +46,14 @@ _SETTLE_S = 1.0  # idle pause before each reading: let the loop finish closing w
 _CONCURRENCY = 32
 _OURS = "proxy,ledger,policies,__main__,__mp_main__"  # Interlock's own (the launchers are `-c`)
 _TOOLKIT = (  # the query toolkit (a PostgreSQL ledger's engines, a migration in-process)
+    "pydantic",  # SQLModel's models are pydantic's
     "sqlalchemy",
     "sqlalchemy.ext.asyncio",
     "sqlalchemy.dialects.sqlite.aiosqlite",
     "sqlmodel",
     "aiosqlite",
 )
-_KIT = "sqlalchemy,sqlmodel,aiosqlite,greenlet"  # the toolkit's top-level packages
+_KIT = "sqlalchemy,sqlmodel,aiosqlite,greenlet,pydantic,pydantic_core"  # the toolkit's packages
 # Both processes are started with `python -c` so that neither loads anything of the benchmark's.
 # `interlock serve`, writing the names of the modules it has loaded to argv[1] as it exits:
 SERVE_LISTING = textwrap.dedent(
@@ -165,7 +168,10 @@ async def _run(quick: bool) -> list[Table]:
                 more.write("\n" + "\n".join(_TOOLKIT))
             for label, left_out in (
                 ("dependencies alone (what serve loaded, none of Interlock)", f"{_OURS},{_KIT}"),
-                ("the same and the query toolkit (SQLAlchemy, SQLModel, aiosqlite)", _OURS),
+                (
+                    "the same and the query toolkit (SQLAlchemy, SQLModel, pydantic, aiosqlite)",
+                    _OURS,
+                ),
             ):
                 port, skipped = free_port(), Path(tmp) / "skipped.txt"
                 argv = [sys.executable, "-c", _IMPORT_LISTED, str(listing), str(port)]

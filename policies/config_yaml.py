@@ -8,18 +8,11 @@ from typing import Any
 
 import yaml
 
+from policies.config_errors import ConfigError
+
 __all__ = ["MISSING", "ConfigError", "KeyPath", "Loader", "Reporter", "dig", "fmt_path", "line_map"]
 
 KeyPath = tuple[str | int, ...]
-
-
-class ConfigError(ValueError):
-    """The configuration cannot be used; `str()` is the message for the operator."""
-
-    def __init__(self, message: str, *, path: str = "", line: int | None = None) -> None:
-        super().__init__(message)
-        self.path = path
-        self.line = line
 
 
 def fmt_path(path: KeyPath) -> str:

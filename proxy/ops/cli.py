@@ -10,8 +10,9 @@ import signal
 import sys
 from collections.abc import Callable
 
-from policies.config import ConfigError, load_config
+from policies.config_errors import ConfigError
 from policies.model import Config, LedgerSettings
+from proxy.ops.config_child import load_config_in_child
 from proxy.ops.ledger_cli import add_ledger_parser, run_ledger_command
 
 __all__ = ["main"]
@@ -93,6 +94,8 @@ def ledger_settings(args: argparse.Namespace) -> LedgerSettings:
     url = getattr(args, "ledger_url", None) or os.environ.get("INTERLOCK_LEDGER_URL")
     if url:
         return LedgerSettings(url=url)
+    from policies.config import load_config  # a short-lived command: it validates in-process
+
     return load_config(_config_path(args)).ledger
 
 
@@ -136,7 +139,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     install_log_filters()
 
-    config = load_config(_config_path(args))
+    # Validated by a child: the validation's libraries stay out of this long-lived process.
+    config = load_config_in_child(_config_path(args))
     try:
         factory = loop_factory(args.loop or os.environ.get("INTERLOCK_LOOP", "auto"))
     except ValueError as exc:
@@ -152,6 +156,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
+    from policies.config import load_config
     from proxy.ops.policy_report import print_policy
 
     path = _config_path(args)

@@ -70,6 +70,45 @@ def test_serve_with_a_bad_config_exits_2_without_a_traceback(tmp_path: Path):
     assert "Traceback" not in done.stderr
 
 
+def test_serve_names_the_file_line_and_key_of_a_bad_value(tmp_path: Path):
+    """`serve` (whose configuration a child process validates) words an invalid value exactly as
+    `check-config` does; an unset `${VAR}` and a missing file too."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "upstreams:\n"
+        '  mail: {mcp: "http://127.0.0.1:9/mcp"}\n'
+        "tools:\n"
+        "  - match: x/y\n"
+        "    cost_class: nope\n"
+    )
+    done = interlock("serve", "--config", str(bad))
+    assert done.returncode == 2
+    expected = f"interlock: invalid configuration: {bad}:5: tools[0].cost_class = 'nope': "
+    assert expected + "unknown cost class" in done.stderr
+    unset = tmp_path / "unset.yaml"
+    unset.write_text(
+        "upstreams:\n"
+        '  api: {http: "http://127.0.0.1:9", headers: {Authorization: "Bearer ${NOT_SET_HERE}"}}\n'
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NOT_SET_HERE"}
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--config", str(unset)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 2
+    assert "environment variable NOT_SET_HERE is not set" in done.stderr
+    missing = tmp_path / "missing.yaml"
+    done = interlock("serve", "--config", str(missing))
+    assert done.returncode == 2
+    assert f"{missing}: cannot read the configuration" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_config_from_environment_variable(tmp_path: Path):
     """Without --config, INTERLOCK_CONFIG names the file."""
     good = tmp_path / "i.yaml"

@@ -1,6 +1,7 @@
-"""`interlock serve` on a new ledger: the schema is migrated by a child process, so the proxy's
-own memory never holds the migration tool (Alembic, about 12 MB resident for the process's life
-once imported)."""
+"""`interlock serve`'s memory: what a long-lived proxy never loads. The schema of a new ledger is
+migrated by a child process (Alembic, about 12 MB resident for the process's life once imported),
+the configuration is validated by another (pydantic and PyYAML), and a SQLite ledger runs without
+the query toolkit."""
 
 from __future__ import annotations
 
@@ -46,6 +47,23 @@ def test_serve_migrates_a_new_ledger_without_loading_alembic(tmp_path: Path) -> 
     assert sorted(m for m in modules if m.partition(".")[0] == "alembic") == []
     again = _modules_of_a_serve(tmp_path)  # a restart on the migrated ledger
     assert sorted(m for m in again if m.partition(".")[0] == "alembic") == []
+
+
+_VALIDATION = ("pydantic", "pydantic_core", "yaml")
+"""What validates the configuration file (about 12 MB resident once imported, with the models):
+serve's child validates it; the proxy only ever holds the plain values."""
+
+
+def test_serve_validates_its_configuration_without_loading_pydantic_or_yaml(
+    tmp_path: Path,
+) -> None:
+    modules = _modules_of_a_serve(tmp_path)
+    assert "proxy.app" in modules  # it served, on its configuration
+    assert "policies.model" in modules
+    loaded = sorted(m for m in modules if m.partition(".")[0] in _VALIDATION)
+    assert loaded == [], f"serve loaded {len(loaded)} modules of the validation: {loaded[:8]}"
+    ours = sorted(m for m in modules if m in ("policies.config", "policies.config_schema"))
+    assert ours == [], f"serve loaded the configuration's models: {ours}"
 
 
 _SQL_TOOLKIT = ("sqlalchemy", "sqlmodel", "aiosqlite", "greenlet")
