@@ -113,3 +113,59 @@ async def test_a_sqlite_serve_that_served_calls_never_loads_the_sql_toolkit(
     assert "ledger.store" in modules
     loaded = sorted(m for m in modules if m.partition(".")[0] in _SQL_TOOLKIT)
     assert loaded == [], f"serve loaded {len(loaded)} modules of the toolkit: {loaded[:8]}"
+
+
+async def test_a_modern_call_carrying_a_trace_does_not_load_the_mcp_sdk(tmp_path: Path) -> None:
+    """A 2026-07-28 client that sends its trace context (`traceparent` in `_meta`, as an
+    instrumented agent does) to a proxy that traces: the proxy passes the trace on with its own
+    span as the parent, so the forwarded request differs from the client's, but only in `_meta`.
+    Its routing headers (`Mcp-Method`, `Mcp-Name`, `Mcp-Param-*`) stay the client's, so nothing
+    needs the SDK's header codec (the SDK with its types is about 56 MB resident once imported)."""
+    port = _free_port()
+    listing = tmp_path / "modules.txt"
+    trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "traceparent": f"00-{trace_id}-{parent_id}-01",
+    }
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "search_docs", "arguments": {"query": "q"}, "_meta": meta},
+    }
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "MCP-Protocol-Version": "2026-07-28",
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": "search_docs",
+    }
+    with running_upstream() as upstream:
+        # Tracing on (spans go to a port nobody listens on): the proxy's own span is the parent
+        # it passes on, so the forwarded `_meta` differs from the client's.
+        telemetry = f"telemetry: {{otlp_endpoint: 'http://127.0.0.1:{_free_port()}'}}\n"
+        upstreams = f'  up: {{mcp: "{upstream.url}"}}\n'
+        config = write_config(tmp_path, port, upstreams, telemetry)
+        with proxy_process(config, ("-c", SERVE_LISTING, str(listing))) as process:
+            url = f"http://127.0.0.1:{port}/mcp/up"
+            listing_body = {"jsonrpc": "2.0", "id": 0, "method": "tools/list", "params": {}}
+            listing_body["params"] = {"_meta": {k: v for k, v in meta.items() if "/" in k}}
+            async with aiohttp.ClientSession() as http:
+                # The client lists the tools first (through the proxy, which learns them), so the
+                # call below is the only thing that could make the proxy reach for the SDK.
+                list_headers = {**headers, "Mcp-Method": "tools/list"}
+                del list_headers["Mcp-Name"]
+                async with http.post(url, json=listing_body, headers=list_headers) as listed:
+                    assert listed.status == 200, await listed.text()
+                async with http.post(url, json=body, headers=headers) as answer:
+                    assert answer.status == 200, await answer.text()
+                    text = await answer.text()
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=20) == 0
+    assert "result" in text, text
+    modules = set(listing.read_text().split("\n"))
+    sdk = sorted(m for m in modules if m.partition(".")[0] == "mcp")
+    assert sdk == [], f"serve loaded {len(sdk)} modules of the MCP SDK: {sdk[:8]}"

@@ -516,3 +516,16 @@ def test_serving_needs_no_import_of(packages: tuple[str, ...]) -> None:
         [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_modern_headers_stay_the_clients_when_only_meta_changed():
+    """The trace context the proxy adds to `_meta` is in no header: the client's routing headers
+    go on as they came (a changed argument beside it still rebuilds them)."""
+    headers = {"mcp-method": "tools/call", "mcp-name": "t", "mcp-param-region": "eu"}
+    original = _call("t", {"region": "eu"})
+    traced = _call("t", {"region": "eu"})
+    traced["params"]["_meta"] = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    assert modern_routing_headers(headers, original, traced, None) == headers
+    traced["params"]["arguments"] = {"region": "us"}
+    rebuilt = modern_routing_headers(headers, original, traced, {("region",): "Region"})
+    assert rebuilt["mcp-param-region"] == "us"

@@ -128,7 +128,11 @@ def modern_routing_headers(
     `Mcp-Param-*` headers stay; when they changed they are rebuilt from the tool's schema
     (`param_header_map`, learned from `tools/list`), or dropped if the schema is unknown.
     """
-    # Loaded on first use: only a modern request the pipeline changed needs the SDK's codec.
+    if not _routing_changed(original, message):
+        # Only `_meta` changed (the trace context the proxy passes on): the routing headers
+        # are the client's, and the SDK (tens of MB once imported) stays out of the process.
+        return dict(headers)
+    # Loaded on first use: only a modern request the pipeline really changed needs its codec.
     from mcp.shared.inbound import NAME_BEARING_METHODS, encode_header_value, mcp_param_headers
 
     out = dict(headers)
@@ -149,6 +153,17 @@ def modern_routing_headers(
                 {k.lower(): v for k, v in mcp_param_headers(param_header_map, arguments).items()}
             )
     return out
+
+
+def _routing_changed(original: Mapping[str, Any], message: Mapping[str, Any]) -> bool:
+    """Whether what the routing headers are made of (the method and the params, `_meta` aside:
+    no header carries it) differs between the client's request and the forwarded one."""
+    if original.get("method") != message.get("method"):
+        return True
+    before, after = _params(original), _params(message)
+    return {k: v for k, v in before.items() if k != "_meta"} != {
+        k: v for k, v in after.items() if k != "_meta"
+    }
 
 
 def _params(message: Mapping[str, Any]) -> Mapping[str, Any]:
