@@ -13,6 +13,7 @@ import hashlib
 import json
 import operator
 import secrets
+import threading
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -267,9 +268,28 @@ class WorkingSet:
         )
 
 
+_SUFFIX_START = 1 << 79  # a millisecond's first suffix is below it: room to count up after
+_RECENT_MS = 64  # milliseconds whose last suffix is remembered (a batch's time may lag the clock)
+_ids = threading.Lock()
+_last_suffix: dict[int, int] = {}  # by millisecond, the suffix of the last id made here for it
+
+
 def new_entry_id(now: datetime) -> str:
-    """A 32-hex-digit id that sorts by creation time (milliseconds) and is random after that."""
-    return f"{int(now.timestamp() * 1000):012x}{secrets.token_hex(10)}"
+    """A 32-hex-digit id that sorts by creation time (milliseconds), then, among the ids this
+    process makes within one millisecond, in the order they were made: the millisecond's first
+    suffix is random (80 bits, so ids made elsewhere in that millisecond never meet it), the next
+    ones count up from it (for the last `_RECENT_MS` milliseconds ids were made for)."""
+    ms = int(now.timestamp() * 1000)
+    with _ids:
+        suffix = _last_suffix.pop(ms, None)
+        if suffix is None or suffix + 1 >= 1 << 80:
+            suffix = secrets.randbelow(_SUFFIX_START)
+        else:
+            suffix += 1
+        _last_suffix[ms] = suffix  # re-inserted last: the most recently used
+        if len(_last_suffix) > _RECENT_MS:
+            del _last_suffix[next(iter(_last_suffix))]
+    return f"{ms:012x}{suffix:020x}"
 
 
 def internal_key(entry_id: str) -> str:

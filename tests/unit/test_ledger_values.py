@@ -223,3 +223,18 @@ def test_the_positional_builder_sets_every_field_in_order() -> None:
     assert build(*values) == EntryView(*values)
     with pytest.raises(TypeError):
         build(*values[:-1])
+
+
+def test_entry_ids_made_in_one_millisecond_sort_in_the_order_they_were_made() -> None:
+    """Entries created within one millisecond (a batch shares its time) list in creation order:
+    after the first id of a millisecond, the next ones count up from it; an id of an earlier
+    millisecond made later still sorts by its time."""
+    now = datetime(2030, 1, 1, 0, 0, 0, 5000, tzinfo=UTC)
+    made = [new_entry_id(now) for _ in range(200)]
+    assert made == sorted(made)
+    assert len(set(made)) == 200
+    assert {entry[:12] for entry in made} == {f"{int(now.timestamp() * 1000):012x}"}
+    earlier = new_entry_id(datetime(2030, 1, 1, tzinfo=UTC))
+    assert earlier < made[0]
+    next_one = new_entry_id(now)  # the millisecond again, after another one: still after them
+    assert next_one > made[-1]
