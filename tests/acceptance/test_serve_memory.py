@@ -6,6 +6,7 @@ the query toolkit."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import sqlite3
 import urllib.request
@@ -17,7 +18,7 @@ from mcp import Client
 from bench.bench_idle import SERVE_LISTING
 from ledger.migrate import HEAD_REVISION, VERSION_TABLE
 from tests.acceptance.test_proxy_crash import _free_port, proxy_process, write_config
-from tests.integration.mcp_servers import running_upstream
+from tests.integration.mcp_servers import REPO_ROOT, running_upstream, stdio_command
 
 
 def _modules_of_a_serve(folder: Path) -> set[str]:
@@ -167,5 +168,29 @@ async def test_a_modern_call_carrying_a_trace_does_not_load_the_mcp_sdk(tmp_path
             assert process.wait(timeout=20) == 0
     assert "result" in text, text
     modules = set(listing.read_text().split("\n"))
+    sdk = sorted(m for m in modules if m.partition(".")[0] == "mcp")
+    assert sdk == [], f"serve loaded {len(sdk)} modules of the MCP SDK: {sdk[:8]}"
+
+
+async def test_a_stdio_upstream_does_not_load_the_mcp_sdk(tmp_path: Path) -> None:
+    """A stdio upstream, spawned by the proxy and driven over its own pipes: its tools listed and
+    called through the proxy. The server process inherits only the variables MCP stdio clients
+    pass on (`PATH`, `HOME`, ...) plus its configured `env`; choosing them needs no SDK."""
+    port = _free_port()
+    listing = tmp_path / "modules.txt"
+    command = json.dumps(list(stdio_command()))
+    config = write_config(
+        tmp_path, port, f"  local: {{command: {command}, cwd: {json.dumps(str(REPO_ROOT))}}}\n"
+    )
+    with proxy_process(config, ("-c", SERVE_LISTING, str(listing))) as process:
+        async with Client(f"http://127.0.0.1:{port}/mcp/local", mode="legacy") as client:
+            tools = await client.list_tools()
+            assert "search_docs" in [tool.name for tool in tools.tools]
+            found = await client.call_tool("search_docs", {"query": "q"})
+            assert not found.is_error
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+    modules = set(listing.read_text().split("\n"))
+    assert "proxy.mcp.upstreams.stdio" in modules  # the stdio upstream ran in this process
     sdk = sorted(m for m in modules if m.partition(".")[0] == "mcp")
     assert sdk == [], f"serve loaded {len(sdk)} modules of the MCP SDK: {sdk[:8]}"

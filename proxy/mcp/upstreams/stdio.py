@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,11 +41,24 @@ from proxy.mcp.wire.jsonrpc import (
 )
 from proxy.runtime.client_gone import cancelled_when
 
-__all__ = ["StdioProcess"]
+__all__ = ["INHERITED_ENV", "StdioProcess", "inherited_environment"]
 
 log = logging.getLogger("interlock.mcp.stdio")
 
 _STDERR_LINE_MAX = 2000
+INHERITED_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER")
+"""The proxy's environment variables a stdio server is started with (before its own `env`): the
+set MCP stdio clients pass on by default (the Python SDK's on POSIX), so that no credential in the
+proxy's environment reaches a server that was not given it."""
+
+
+def inherited_environment() -> dict[str, str]:
+    """`INHERITED_ENV` as set in this process, except a value that is a shell function (`()…`)."""
+    return {
+        name: value
+        for name in INHERITED_ENV
+        if (value := os.environ.get(name)) is not None and not value.startswith("()")
+    }
 
 
 @dataclass(eq=False)
@@ -113,9 +127,7 @@ class StdioProcess:
         Raises:
             UpstreamNotReached: the command could not be started.
         """
-        from mcp.client.stdio import get_default_environment  # the SDK only where stdio runs
-
-        env = {**get_default_environment(), **self.spec.env}
+        env = {**inherited_environment(), **self.spec.env}
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *self.spec.command,
