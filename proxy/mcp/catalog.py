@@ -10,7 +10,9 @@ leave a tool unclassified — and an unclassified tool counts as side-effecting:
 ledgered and it is refused when the ledger is down. So before deciding on a default, the proxy lists
 the upstream's tools itself, once per `_REFRESH_S`, with a short timeout: over Streamable HTTP, or
 for a stdio upstream by starting its command once (a short-lived process of its own, ended as soon
-as the listing is done, so no client session's process is borrowed)."""
+as the listing is done, so no client session's process is borrowed). The listing runs in a child
+process with the MCP SDK's client (`proxy.mcp.tool_listing`), so the SDK never stays in the
+proxy's memory."""
 
 from __future__ import annotations
 
@@ -19,14 +21,12 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from policies.model import UpstreamSpec
-
-if TYPE_CHECKING:
-    from mcp import Client
+from proxy.mcp.tool_listing import list_tools_in_child
 
 __all__ = [
     "CATALOG",
@@ -46,7 +46,7 @@ log = logging.getLogger("interlock.tools")
 _REFRESH_S = 60.0
 _TIMEOUT_S = 3.0
 _STDIO_TIMEOUT_S = 10.0  # a stdio listing starts the server's process first
-_MAX_PAGES = 20
+_CHILD_START_S = 5.0  # the listing's child process loads the SDK first (~0.6 s on an idle host)
 
 
 ParamHeaders = dict[tuple[str, ...], str]
@@ -165,37 +165,13 @@ async def learn_annotations(app: web.Application, spec: UpstreamSpec) -> None:
         learning.attempts[spec.name] = time.monotonic()
         try:
             timeout_s = _STDIO_TIMEOUT_S if spec.kind == "mcp_stdio" else _TIMEOUT_S
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(timeout_s + _CHILD_START_S):
                 await _list_all(app, spec)
         except Exception as exc:  # noqa: BLE001 - learning is best effort; the default is safe
             log.warning("%s: could not list tools to learn annotations: %s", spec.name, exc)
 
 
 async def _list_all(app: web.Application, spec: UpstreamSpec) -> None:
-    import httpx2  # the SDK's client, loaded only when the proxy lists tools itself
-    from mcp import Client, StdioServerParameters
-    from mcp.client.streamable_http import streamable_http_client
-
-    if spec.kind == "mcp_stdio":
-        command, *args = spec.command
-        server = StdioServerParameters(command=command, args=args, env=dict(spec.env), cwd=spec.cwd)
-        async with Client(server, mode="auto") as client:
-            await _list_pages(app, spec.name, client)
-        return
-    assert spec.url is not None
-    # trust_env=False: an environment HTTP(S)_PROXY must never see the injected credentials
-    listing = httpx2.AsyncClient(headers=dict(spec.headers), timeout=_TIMEOUT_S, trust_env=False)
-    async with listing as http:
-        transport = streamable_http_client(spec.url, http_client=http)
-        async with Client(transport, mode="auto") as client:
-            await _list_pages(app, spec.name, client)
-
-
-async def _list_pages(app: web.Application, upstream: str, client: Client) -> None:
-    cursor: str | None = None
-    for _ in range(_MAX_PAGES):
-        page = await client.list_tools(cursor=cursor)
-        learn_tools(app, upstream, page.model_dump(by_alias=True, exclude_none=True))
-        cursor = page.next_cursor
-        if not cursor:
-            break
+    request_timeout_s = _STDIO_TIMEOUT_S if spec.kind == "mcp_stdio" else _TIMEOUT_S
+    for page in await list_tools_in_child(spec, request_timeout_s):
+        learn_tools(app, spec.name, page)

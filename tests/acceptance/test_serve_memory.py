@@ -194,3 +194,26 @@ async def test_a_stdio_upstream_does_not_load_the_mcp_sdk(tmp_path: Path) -> Non
     assert "proxy.mcp.upstreams.stdio" in modules  # the stdio upstream ran in this process
     sdk = sorted(m for m in modules if m.partition(".")[0] == "mcp")
     assert sdk == [], f"serve loaded {len(sdk)} modules of the MCP SDK: {sdk[:8]}"
+
+
+async def test_a_call_for_a_tool_never_listed_does_not_load_the_mcp_sdk(tmp_path: Path) -> None:
+    """A client that calls a tool it never listed through this proxy (it listed before the proxy
+    restarted, say): the proxy lists the upstream's tools itself to classify it, in a child
+    process, and the read-only tool's annotation is what decides (it is not ledgered)."""
+    port = _free_port()
+    listing = tmp_path / "modules.txt"
+    with running_upstream() as upstream:
+        config = write_config(tmp_path, port, f'  up: {{mcp: "{upstream.url}"}}\n')
+        with proxy_process(config, ("-c", SERVE_LISTING, str(listing))) as process:
+            base = f"http://127.0.0.1:{port}"
+            async with Client(f"{base}/mcp/up", mode="legacy") as client:
+                found = await client.call_tool("search_docs", {"query": "q"})
+                assert not found.is_error
+            async with aiohttp.ClientSession() as http, http.get(f"{base}/admin/ledger") as answer:
+                assert answer.status == 200, await answer.text()
+                assert await answer.json() == []  # classified read-only: nothing ledgered
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=20) == 0
+    modules = set(listing.read_text().split("\n"))
+    sdk = sorted(m for m in modules if m.partition(".")[0] == "mcp")
+    assert sdk == [], f"serve loaded {len(sdk)} modules of the MCP SDK: {sdk[:8]}"
