@@ -268,28 +268,30 @@ class WorkingSet:
         )
 
 
-_SUFFIX_START = 1 << 79  # a millisecond's first suffix is below it: room to count up after
-_RECENT_MS = 64  # milliseconds whose last suffix is remembered (a batch's time may lag the clock)
+_COUNTER_START = 1 << 15  # a millisecond's first count is below it: room to count up after
+_RECENT_MS = 64  # milliseconds whose last count is remembered (a batch's time may lag the clock)
 _ids = threading.Lock()
-_last_suffix: dict[int, int] = {}  # by millisecond, the suffix of the last id made here for it
+_last_count: dict[int, int] = {}  # by millisecond, the count of the last id made here for it
 
 
 def new_entry_id(now: datetime) -> str:
-    """A 32-hex-digit id that sorts by creation time (milliseconds), then, among the ids this
-    process makes within one millisecond, in the order they were made: the millisecond's first
-    suffix is random (80 bits, so ids made elsewhere in that millisecond never meet it), the next
-    ones count up from it (for the last `_RECENT_MS` milliseconds ids were made for)."""
+    """A 32-hex-digit id: the creation time in milliseconds (12 digits), a count (4 digits), then
+    random (16 digits). Ids sort by creation time, and those this process makes within one
+    millisecond in the order they were made: the millisecond's first count is random, the next
+    ones count up from it (for the last `_RECENT_MS` milliseconds ids were made for). A prefix of
+    20 digits holds 32 bits past the time, random or counted, as before: short enough to type,
+    unique among entries of one millisecond made here."""
     ms = int(now.timestamp() * 1000)
     with _ids:
-        suffix = _last_suffix.pop(ms, None)
-        if suffix is None or suffix + 1 >= 1 << 80:
-            suffix = secrets.randbelow(_SUFFIX_START)
+        count = _last_count.pop(ms, None)
+        if count is None or count + 1 > 0xFFFF:
+            count = secrets.randbelow(_COUNTER_START)
         else:
-            suffix += 1
-        _last_suffix[ms] = suffix  # re-inserted last: the most recently used
-        if len(_last_suffix) > _RECENT_MS:
-            del _last_suffix[next(iter(_last_suffix))]
-    return f"{ms:012x}{suffix:020x}"
+            count += 1
+        _last_count[ms] = count  # re-inserted last: the most recently used
+        if len(_last_count) > _RECENT_MS:
+            del _last_count[next(iter(_last_count))]
+    return f"{ms:012x}{count:04x}{secrets.token_hex(8)}"
 
 
 def internal_key(entry_id: str) -> str:

@@ -232,7 +232,7 @@ def test_entry_ids_made_in_one_millisecond_sort_in_the_order_they_were_made() ->
     now = datetime(2030, 1, 1, 0, 0, 0, 5000, tzinfo=UTC)
     made = [new_entry_id(now) for _ in range(200)]
     assert made == sorted(made)
-    assert len(set(made)) == 200
+    assert len({entry[:20] for entry in made}) == 200  # a 20-digit prefix still names one
     assert {entry[:12] for entry in made} == {f"{int(now.timestamp() * 1000):012x}"}
     earlier = new_entry_id(datetime(2030, 1, 1, tzinfo=UTC))
     assert earlier < made[0]
