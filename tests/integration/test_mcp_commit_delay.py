@@ -38,7 +38,10 @@ def _config(upstream: RunningUpstream, delay_ms: float) -> str:
           up: {{mcp: "{upstream.url}"}}
         tools:
           - {{match: "up/hold", side_effect: true}}
+          - {{match: "up/send_email", side_effect: true}}
         """
+    # Both tools classified by rules: the proxy has nothing to list before the newcomer's claim
+    # (its own listing, in a child process, would take longer than the held call).
 
 
 @pytest.mark.parametrize(("delay_ms", "shared"), [(1000, True), (0, False)])
