@@ -277,10 +277,11 @@ _last_count: dict[int, int] = {}  # by millisecond, the count of the last id mad
 def new_entry_id(now: datetime) -> str:
     """A 32-hex-digit id: the creation time in milliseconds (12 digits), a count (4 digits), then
     random (16 digits). Ids sort by creation time, and those this process makes within one
-    millisecond in the order they were made: the millisecond's first count is random, the next
-    ones count up from it (for the last `_RECENT_MS` milliseconds ids were made for). A prefix of
-    20 digits holds 32 bits past the time, random or counted, as before: short enough to type,
-    unique among entries of one millisecond made here."""
+    millisecond in the order they were made: the millisecond's first count is random (15 bits),
+    the next ones count up from it (for the last `_RECENT_MS` milliseconds ids were made for; a
+    clock that steps back past them loses that order, never uniqueness, which the 64 random bits
+    carry). A 20-digit prefix names one entry among those this process made in one millisecond;
+    between processes it holds the first count's 15 random bits and 16 more."""
     ms = int(now.timestamp() * 1000)
     with _ids:
         count = _last_count.pop(ms, None)

@@ -173,5 +173,6 @@ async def learn_annotations(app: web.Application, spec: UpstreamSpec) -> None:
 
 async def _list_all(app: web.Application, spec: UpstreamSpec) -> None:
     request_timeout_s = _STDIO_TIMEOUT_S if spec.kind == "mcp_stdio" else _TIMEOUT_S
-    for page in await list_tools_in_child(spec, request_timeout_s):
-        learn_tools(app, spec.name, page)
+    await list_tools_in_child(
+        spec, request_timeout_s, lambda page: learn_tools(app, spec.name, page)
+    )

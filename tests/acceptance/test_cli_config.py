@@ -85,6 +85,7 @@ def test_serve_names_the_file_line_and_key_of_a_bad_value(tmp_path: Path):
     assert done.returncode == 2
     expected = f"interlock: invalid configuration: {bad}:5: tools[0].cost_class = 'nope': "
     assert expected + "unknown cost class" in done.stderr
+    assert "validated in this process" not in done.stderr  # the child's refusal, relayed
     unset = tmp_path / "unset.yaml"
     unset.write_text(
         "upstreams:\n"
@@ -102,6 +103,7 @@ def test_serve_names_the_file_line_and_key_of_a_bad_value(tmp_path: Path):
     )
     assert done.returncode == 2
     assert "environment variable NOT_SET_HERE is not set" in done.stderr
+    assert "validated in this process" not in done.stderr  # the child validated it
     missing = tmp_path / "missing.yaml"
     done = interlock("serve", "--config", str(missing))
     assert done.returncode == 2

@@ -11,6 +11,7 @@ import pytest
 
 from policies.config import load_config
 from policies.config_errors import ConfigError
+from proxy.ops import config_child
 from proxy.ops.config_child import load_config_in_child
 
 _GOOD = """
@@ -75,3 +76,35 @@ def test_a_child_that_cannot_answer_leaves_the_validation_to_the_process(
     bad.write_text("upstreams: {}\n")
     with pytest.raises(ConfigError, match="configure at least one upstream"):
         load_config_in_child(bad)
+
+
+def test_an_answer_that_cannot_be_read_leaves_the_validation_to_the_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A child whose answer is not a configuration (here an interpreter that prints the marker
+    and something else) is not trusted: the process validates the file itself."""
+    monkeypatch.setenv("TOKEN", "sk-child")
+    path = tmp_path / "interlock.yaml"
+    path.write_text(_GOOD)
+    impostor = tmp_path / "python"
+    impostor.write_text("#!/bin/sh\nprintf '\\n--interlock-config--\\nnot a pickle'\n")
+    impostor.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(impostor))
+    with caplog.at_level(logging.WARNING, logger="interlock"):
+        config = load_config_in_child(path)
+    assert config == load_config(path)
+    assert "the child's answer could not be read" in caplog.text
+
+
+def test_the_answer_is_unpickled_to_the_configuration_s_values_only() -> None:
+    """A pickle that would build anything else (here a call of `os.system`) is refused."""
+    import io
+    import os
+    import pickle
+
+    class Sneaky:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.system, ("true",))
+
+    with pytest.raises(pickle.UnpicklingError, match=r"holds no posix\.system"):
+        config_child._ModelUnpickler(io.BytesIO(pickle.dumps(Sneaky()))).load()

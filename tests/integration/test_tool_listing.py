@@ -4,7 +4,9 @@ upstream cannot be listed, and the listing here when no child can start."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -14,17 +16,25 @@ from policies.model import UpstreamSpec
 from proxy.mcp.tool_listing import list_tools_here, list_tools_in_child
 from tests.acceptance.test_proxy_crash import _free_port
 from tests.integration.mcp_servers import REPO_ROOT, running_upstream, stdio_command
+from tests.integration.waiting import wait_until
 
 
 def _tools(pages: list[dict]) -> dict[str, dict]:
     return {tool["name"]: tool.get("annotations", {}) for page in pages for tool in page["tools"]}
 
 
+async def _listed(spec: UpstreamSpec, timeout_s: float, *, here: bool = False) -> list[dict]:
+    pages: list[dict] = []
+    lister = list_tools_here if here else list_tools_in_child
+    await lister(spec, timeout_s, pages.append)
+    return pages
+
+
 async def test_the_child_lists_every_tool_of_an_http_upstream_with_its_annotations() -> None:
     with running_upstream() as upstream:
         spec = UpstreamSpec("up", "mcp_http", url=upstream.url, headers={"X-Key": "secret"})
-        pages = await list_tools_in_child(spec, 5.0)
-        here = await list_tools_here(spec, 5.0)
+        pages = await _listed(spec, 5.0)
+        here = await _listed(spec, 5.0, here=True)
     assert _tools(pages) == _tools(here)
     assert _tools(pages)["search_docs"] == {"readOnlyHint": True}
 
@@ -32,14 +42,15 @@ async def test_the_child_lists_every_tool_of_an_http_upstream_with_its_annotatio
 async def test_the_child_lists_a_stdio_upstream_by_starting_its_command() -> None:
     command = stdio_command()
     spec = UpstreamSpec("st", "mcp_stdio", command=command, cwd=str(REPO_ROOT))
-    pages = await list_tools_in_child(spec, 10.0)
+    pages = await _listed(spec, 10.0)
     assert _tools(pages)["search_docs"] == {"readOnlyHint": True}
 
 
 async def test_an_upstream_that_cannot_be_listed_fails_the_listing() -> None:
     spec = UpstreamSpec("down", "mcp_http", url=f"http://127.0.0.1:{_free_port()}/mcp")
-    with pytest.raises(RuntimeError):
-        await list_tools_in_child(spec, 2.0)
+    with pytest.raises(RuntimeError) as failed:
+        await _listed(spec, 2.0)
+    assert "the child ended without a word" not in str(failed.value)  # its own words
 
 
 async def test_without_a_child_the_tools_are_listed_here(
@@ -49,6 +60,31 @@ async def test_without_a_child_the_tools_are_listed_here(
         spec = UpstreamSpec("up", "mcp_http", url=upstream.url)
         monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
         with caplog.at_level(logging.WARNING, logger="interlock.tools"):
-            pages = await list_tools_in_child(spec, 5.0)
+            pages = await _listed(spec, 5.0)
     assert _tools(pages)["search_docs"] == {"readOnlyHint": True}
     assert "no child process to list up's tools, listing here" in caplog.text
+
+
+async def test_a_listing_out_of_time_ends_its_child_and_the_server_it_started(
+    tmp_path: Path,
+) -> None:
+    """A stdio server that never answers: when the listing's time runs out, its child is
+    stopped (SIGTERM: it closes the server it started) and no process is left behind."""
+    pid_file = tmp_path / "server.pid"
+    script = (
+        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    )
+    spec = UpstreamSpec("hung", "mcp_stdio", command=(sys.executable, "-c", script))
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(4.0):
+            await _listed(spec, 30.0)
+    server = int(pid_file.read_text())
+    await wait_until(lambda: not _alive(server), timeout_s=10)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -469,9 +469,11 @@ def _critical_reserve_in_use() -> Config:
     upstream=st.sampled_from(UPSTREAMS),
     run_id=st.sampled_from([None, "r1"]),
     cost_class=st.sampled_from([None, "browser"]),
-    running=st.lists(st.tuples(st.sampled_from(WORK_CLASSES), st.integers(0, 6)), max_size=4),
+    running=st.lists(
+        st.tuples(st.integers(0, 5), st.sampled_from(WORK_CLASSES), st.integers(0, 6)), max_size=8
+    ),
 )
-@example(_critical_reserve_in_use(), "a", "interactive", "u1", None, None, [("interactive", 4)])
+@example(_critical_reserve_in_use(), "a", "interactive", "u1", None, None, [(0, "interactive", 4)])
 def test_a_new_call_is_admitted_exactly_when_every_scope_has_room(
     config: Config,
     tenant: str,
@@ -479,7 +481,7 @@ def test_a_new_call_is_admitted_exactly_when_every_scope_has_room(
     upstream: str,
     run_id: str | None,
     cost_class: str | None,
-    running: list[tuple[WorkClass, int]],
+    running: list[tuple[int, WorkClass, int]],
 ) -> None:
     """`decide_entry` answers the common question (does a new call fit everywhere?) without a
     `Load`: its answer must be `has_room` of every scope, however the running calls are spread
@@ -488,11 +490,11 @@ def test_a_new_call_is_admitted_exactly_when_every_scope_has_room(
     scopes = scopes_for(config, request)
     counts: dict[str, int] = {}
     by_class: dict[tuple[str, WorkClass], int] = {}
-    for other, count in running:
-        for scope in scopes:
-            counts[scope.name] = counts.get(scope.name, 0) + count
-            key = (scope.name, other)
-            by_class[key] = by_class.get(key, 0) + count
+    for index, other, count in running:  # each scope its own counts
+        scope = scopes[index % len(scopes)]
+        counts[scope.name] = counts.get(scope.name, 0) + count
+        key = (scope.name, other)
+        by_class[key] = by_class.get(key, 0) + count
     state = AdmissionState(running=counts, running_by_class=by_class)
     decision = decide_entry(config, state, request, 0.0, scopes=scopes)
     load = Load(state)

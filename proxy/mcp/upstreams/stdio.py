@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,10 +47,27 @@ __all__ = ["INHERITED_ENV", "StdioProcess", "inherited_environment"]
 log = logging.getLogger("interlock.mcp.stdio")
 
 _STDERR_LINE_MAX = 2000
-INHERITED_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER")
+INHERITED_ENV = (
+    (
+        "APPDATA",
+        "HOMEDRIVE",
+        "HOMEPATH",
+        "LOCALAPPDATA",
+        "PATH",
+        "PATHEXT",
+        "PROCESSOR_ARCHITECTURE",
+        "SYSTEMDRIVE",
+        "SYSTEMROOT",
+        "TEMP",
+        "USERNAME",
+        "USERPROFILE",
+    )
+    if sys.platform == "win32"
+    else ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER")
+)
 """The proxy's environment variables a stdio server is started with (before its own `env`): the
-set MCP stdio clients pass on by default (the Python SDK's on POSIX), so that no credential in the
-proxy's environment reaches a server that was not given it."""
+set MCP stdio clients pass on by default (the Python SDK's, on Windows and elsewhere), so that no
+credential in the proxy's environment reaches a server that was not given it."""
 
 
 def inherited_environment() -> dict[str, str]:
