@@ -10,9 +10,19 @@ from pathlib import Path
 from tests.integration.mcp_servers import REPO_ROOT
 
 EXAMPLE = REPO_ROOT / "examples" / "interlock.yaml"
+_BAD_COST_CLASS = (  # line 5 names a cost class that is not configured
+    "upstreams:\n"
+    '  mail: {mcp: "http://127.0.0.1:9/mcp"}\n'
+    "tools:\n"
+    "  - match: x/y\n"
+    "    cost_class: nope\n"
+)
 
 
-def interlock(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def interlock(
+    *args: str, env: dict[str, str] | None = None, unset: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if k not in unset}
     return subprocess.run(
         [sys.executable, "-m", "proxy", *args],
         cwd=REPO_ROOT,
@@ -20,7 +30,7 @@ def interlock(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
         text=True,
         timeout=60,
         check=False,
-        env={**os.environ, "COLUMNS": "160", **(env or {})},
+        env={**environment, "COLUMNS": "160", **(env or {})},
     )
 
 
@@ -48,13 +58,7 @@ def test_check_config_prints_the_effective_policy():
 def test_check_config_refuses_a_bad_file_with_key_and_line(tmp_path: Path):
     """A bad file exits 2 with a message naming the file, line, key path and why."""
     bad = tmp_path / "bad.yaml"
-    bad.write_text(
-        "upstreams:\n"
-        '  mail: {mcp: "http://127.0.0.1:9/mcp"}\n'
-        "tools:\n"
-        "  - match: x/y\n"
-        "    cost_class: nope\n"
-    )
+    bad.write_text(_BAD_COST_CLASS)
     done = interlock("check-config", str(bad))
     assert done.returncode == 2
     assert f"{bad}:5: tools[0].cost_class = 'nope': unknown cost class" in done.stderr
@@ -74,13 +78,7 @@ def test_serve_names_the_file_line_and_key_of_a_bad_value(tmp_path: Path):
     """`serve` (whose configuration a child process validates) words an invalid value exactly as
     `check-config` does; an unset `${VAR}` and a missing file too."""
     bad = tmp_path / "bad.yaml"
-    bad.write_text(
-        "upstreams:\n"
-        '  mail: {mcp: "http://127.0.0.1:9/mcp"}\n'
-        "tools:\n"
-        "  - match: x/y\n"
-        "    cost_class: nope\n"
-    )
+    bad.write_text(_BAD_COST_CLASS)
     done = interlock("serve", "--config", str(bad))
     assert done.returncode == 2
     expected = f"interlock: invalid configuration: {bad}:5: tools[0].cost_class = 'nope': "
@@ -91,16 +89,7 @@ def test_serve_names_the_file_line_and_key_of_a_bad_value(tmp_path: Path):
         "upstreams:\n"
         '  api: {http: "http://127.0.0.1:9", headers: {Authorization: "Bearer ${NOT_SET_HERE}"}}\n'
     )
-    env = {k: v for k, v in os.environ.items() if k != "NOT_SET_HERE"}
-    done = subprocess.run(
-        [sys.executable, "-m", "proxy", "serve", "--config", str(unset)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=env,
-    )
+    done = interlock("serve", "--config", str(unset), unset=("NOT_SET_HERE",))
     assert done.returncode == 2
     assert "environment variable NOT_SET_HERE is not set" in done.stderr
     assert "validated in this process" not in done.stderr  # the child validated it

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from policies.model import UpstreamSpec
 from proxy.mcp.tool_listing import list_tools_here, list_tools_in_child
 from tests.acceptance.test_proxy_crash import _free_port
 from tests.integration.mcp_servers import REPO_ROOT, running_upstream, stdio_command
+from tests.integration.test_mcp_transport_stdio import _alive
 from tests.integration.waiting import wait_until
 
 
@@ -80,11 +80,3 @@ async def test_a_listing_out_of_time_ends_its_child_and_the_server_it_started(
             await _listed(spec, 30.0)
     server = int(pid_file.read_text())
     await wait_until(lambda: not _alive(server), timeout_s=10)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
