@@ -42,13 +42,18 @@ _PROGRAM = textwrap.dedent(
 )
 
 
-def test_a_sqlite_proxy_never_loads_the_postgresql_driver(tmp_path: Path) -> None:
-    program = _PROGRAM % tmp_path
+def _loaded_by(program: str) -> str:
+    """What `program`, run in a fresh interpreter, printed of the modules it loaded."""
     done = subprocess.run(
         [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "", f"loaded for a SQLite ledger: {done.stdout.strip()}"
+    return done.stdout.strip()
+
+
+def test_a_sqlite_proxy_never_loads_the_postgresql_driver(tmp_path: Path) -> None:
+    loaded = _loaded_by(_PROGRAM % tmp_path)
+    assert loaded == "", f"loaded for a SQLite ledger: {loaded}"
 
 
 _EVERY_DAY = textwrap.dedent(
@@ -117,12 +122,5 @@ def test_what_a_sqlite_proxy_does_all_day_never_loads_the_query_toolkit(tmp_path
     deferred work accepted, polled for and claimed, readiness, the metrics' counts and oldest
     wait, a client's task lookups, an operator's list, entry, counts and resolution: all through
     the stdlib driver."""
-    done = subprocess.run(
-        [sys.executable, "-c", _EVERY_DAY % tmp_path],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "", f"loaded for a SQLite ledger: {done.stdout.strip()[:300]}"
+    loaded = _loaded_by(_EVERY_DAY % tmp_path)
+    assert loaded == "", f"loaded for a SQLite ledger: {loaded[:300]}"
