@@ -18,6 +18,7 @@ from proxy.mcp.wire.headers import (
     client_response_headers,
     is_modern,
     modern_routing_headers,
+    routing_changed,
     upstream_request_headers,
 )
 from proxy.mcp.wire.jsonrpc import (
@@ -525,7 +526,9 @@ def test_modern_headers_stay_the_clients_when_only_meta_changed():
     original = _call("t", {"region": "eu"})
     traced = _call("t", {"region": "eu"})
     traced["params"]["_meta"] = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    assert not routing_changed(original, traced)
     assert modern_routing_headers(headers, original, traced, None) == headers
     traced["params"]["arguments"] = {"region": "us"}
+    assert routing_changed(original, traced)
     rebuilt = modern_routing_headers(headers, original, traced, {("region",): "Region"})
     assert rebuilt["mcp-param-region"] == "us"

@@ -19,7 +19,11 @@ from proxy.mcp.upstreams.http_pool import send
 from proxy.mcp.upstreams.relay import Relay
 from proxy.mcp.upstreams.stdio import StdioProcess
 from proxy.mcp.upstreams.streamable_http import exchange_http
-from proxy.mcp.wire.headers import modern_routing_headers, upstream_request_headers
+from proxy.mcp.wire.headers import (
+    modern_routing_headers,
+    routing_changed,
+    upstream_request_headers,
+)
 from proxy.mcp.wire.jsonrpc import JsonObject, WireMessage, dumps, wire_bytes
 from proxy.runtime.http1 import Pool
 from proxy.telemetry.tracing import inject_headers
@@ -90,7 +94,7 @@ class HttpChannel:
         headers = dict(self._headers)
         headers["accept"] = "application/json, text/event-stream"
         headers["content-type"] = "application/json"
-        if self._modern and original is not None and original != message:
+        if self._modern and original is not None and routing_changed(original, message):
             tool = message.get("params", {}).get("name")
             headers = modern_routing_headers(
                 headers, original, message, self._param_headers.get(tool)

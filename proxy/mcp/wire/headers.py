@@ -30,6 +30,7 @@ __all__ = [
     "client_response_headers",
     "is_modern",
     "modern_routing_headers",
+    "routing_changed",
     "upstream_request_headers",
 ]
 
@@ -128,11 +129,8 @@ def modern_routing_headers(
     `Mcp-Param-*` headers stay; when they changed they are rebuilt from the tool's schema
     (`param_header_map`, learned from `tools/list`), or dropped if the schema is unknown.
     """
-    if not _routing_changed(original, message):
-        # Only `_meta` changed (the trace context the proxy passes on): the routing headers
-        # are the client's, and the SDK (tens of MB once imported) stays out of the process.
-        return dict(headers)
-    # Loaded on first use: only a modern request the pipeline really changed needs its codec.
+    # Loaded on first use: only a modern request whose routing changed (`routing_changed`)
+    # needs the SDK's codec (tens of MB once imported).
     from mcp.shared.inbound import NAME_BEARING_METHODS, encode_header_value, mcp_param_headers
 
     out = dict(headers)
@@ -155,15 +153,17 @@ def modern_routing_headers(
     return out
 
 
-def _routing_changed(original: Mapping[str, Any], message: Mapping[str, Any]) -> bool:
+def routing_changed(original: Mapping[str, Any], message: Mapping[str, Any]) -> bool:
     """Whether what the routing headers are made of (the method and the params, `_meta` aside:
-    no header carries it) differs between the client's request and the forwarded one."""
+    no header carries it) differs between the client's request and the forwarded one. The
+    pipeline changes only `_meta` (the trace context it passes on) and shares the rest, so the
+    comparisons stop at shared values."""
     if original.get("method") != message.get("method"):
         return True
     before, after = _params(original), _params(message)
-    return {k: v for k, v in before.items() if k != "_meta"} != {
-        k: v for k, v in after.items() if k != "_meta"
-    }
+    if len(before.keys() - {"_meta"}) != len(after.keys() - {"_meta"}):
+        return True
+    return any(k != "_meta" and (k not in after or after[k] != v) for k, v in before.items())
 
 
 def _params(message: Mapping[str, Any]) -> Mapping[str, Any]:
