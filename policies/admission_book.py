@@ -214,7 +214,7 @@ class AdmissionBook:
                     by_class[key] = left
                 else:
                     by_class.pop(key, None)
-            elif not sample or limits.max_pending is None:
+            elif limits.max_pending is None:  # unlimited: no estimate ever reads its time
                 continue
             if sample:  # re-inserted last: the most recently updated scope
                 previous = service.pop(name, None)

@@ -40,11 +40,7 @@ class RetryBudget:
 
     def record_request(self) -> None:
         """Count one new request (first attempts only; retries are counted by `try_spend`)."""
-        buckets = self._buckets
-        if buckets and buckets[-1].index == self._index():  # the current bucket: nothing expires
-            buckets[-1].requests += 1
-        else:
-            self._bucket().requests += 1
+        self._bucket().requests += 1
 
     def try_spend(self) -> bool:
         """Take one retry from the budget if it has one left; False means "do not retry"."""
@@ -62,17 +58,20 @@ class RetryBudget:
         return max(allowed - retries, 0)
 
     def _bucket(self) -> _Bucket:
-        self._expire()
+        """The current bucket. Old buckets are dropped only when a new one starts (`available`
+        drops them itself before it counts), so most calls read the clock once."""
         index = self._index()
-        if not self._buckets or self._buckets[-1].index != index:
-            self._buckets.append(_Bucket(index))
-        return self._buckets[-1]
+        buckets = self._buckets
+        if not buckets or buckets[-1].index != index:
+            self._expire(index)
+            buckets.append(_Bucket(index))
+        return buckets[-1]
 
     def _index(self) -> int:
         return math.floor(self._clock() / self._granularity_s)
 
-    def _expire(self) -> None:
-        oldest = self._index() - _BUCKETS + 1
+    def _expire(self, index: int | None = None) -> None:
+        oldest = (self._index() if index is None else index) - _BUCKETS + 1
         while self._buckets and self._buckets[0].index < oldest:
             self._buckets.popleft()
 
