@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from ledger import sqlite_connect, sqlite_queries
 from ledger.batch import EntryRow
 from ledger.errors import LedgerUnavailable
+from ledger.faults import describe
 from ledger.views import Candidate, EntryFilter, TransitionView
 from ledger.writer_thread import WriterThread
 
@@ -173,8 +174,7 @@ class SQLiteReads:
         try:
             return await self._thread.run(self._on_thread, read, args)
         except (sqlite3.Error, OSError) as error:
-            detail = str(error).strip() or type(error).__name__
-            raise LedgerUnavailable(f"ledger {what} failed: {detail}") from error
+            raise LedgerUnavailable(f"ledger {what} failed: {describe(error)}") from error
 
     def _on_thread(self, read: Callable[..., T], args: tuple[Any, ...]) -> T:
         if self._closed:  # queued before the close, run after its disconnect: no new connection

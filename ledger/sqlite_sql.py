@@ -113,11 +113,12 @@ def database_now(conn: sqlite3.Connection) -> datetime:
     return stored_time(text)
 
 
-def load(conn: sqlite3.Connection, needs: Needs, ws: WorkingSet, *, now: datetime) -> None:
+def load(
+    conn: sqlite3.Connection, needs: Needs, ws: WorkingSet, *, now: datetime, text: TimeTexts
+) -> None:
     """Read everything `needs` names into `ws`: the closed rows old enough to purge (ids only),
     the rows named by id and by key, the running rows whose lease had expired by `now` (the
     sweep), then what the loaders read. (`ledger.queries.load` is the same on PostgreSQL.)"""
-    text = TimeTexts()
     if needs.purge is not None:
         older_than, limit = needs.purge
         # No ORDER BY: any `limit` closed rows will do, found without sorting them all.
@@ -166,13 +167,12 @@ def load_claimable(conn: sqlite3.Connection, ids: set[str], ws: WorkingSet) -> N
     _load_rows(conn, sql, wanted, ws)
 
 
-def flush(conn: sqlite3.Connection, ws: WorkingSet) -> bool:
+def flush(conn: sqlite3.Connection, ws: WorkingSet, text: TimeTexts) -> bool:
     """Write the batch's changed rows, new rows, history rows and deletions.
 
     Returns False, having written only part of the batch, when another transaction committed one
     of the new keys first: the caller rolls back and runs the batch again, which then sees it.
     """
-    text = TimeTexts()
     by_columns: dict[tuple[tuple[str, ...], Shape], list[list[Any]]] = {}
     for row_id in sorted(ws.dirty):
         columns, shape, params = _update_values(ws.changes(row_id), text)

@@ -77,10 +77,11 @@ class SQLiteTransactions:
 
         def body() -> list[object]:
             ws = WorkingSet()
+            text = sqlite_sql.TimeTexts()  # one per batch: most of its times are its one `now`
             ctx = self._context(self._clock() if self._clock else sqlite_sql.database_now(conn))
-            sqlite_sql.load(conn, needs, ws, now=ctx.now)
+            sqlite_sql.load(conn, needs, ws, now=ctx.now, text=text)
             results = transactions.decide(ops, ws, ctx)
-            if not sqlite_sql.flush(conn, ws):
+            if not sqlite_sql.flush(conn, ws, text):
                 raise LostRace
             return results
 
