@@ -163,16 +163,11 @@ async def learn_annotations(app: web.Application, spec: UpstreamSpec) -> None:
         if last is not None and time.monotonic() - last < _REFRESH_S:
             return
         learning.attempts[spec.name] = time.monotonic()
+        timeout_s = _STDIO_TIMEOUT_S if spec.kind == "mcp_stdio" else _TIMEOUT_S
         try:
-            timeout_s = _STDIO_TIMEOUT_S if spec.kind == "mcp_stdio" else _TIMEOUT_S
             async with asyncio.timeout(timeout_s + _CHILD_START_S):
-                await _list_all(app, spec)
+                await list_tools_in_child(
+                    spec, timeout_s, lambda page: learn_tools(app, spec.name, page)
+                )
         except Exception as exc:  # noqa: BLE001 - learning is best effort; the default is safe
             log.warning("%s: could not list tools to learn annotations: %s", spec.name, exc)
-
-
-async def _list_all(app: web.Application, spec: UpstreamSpec) -> None:
-    request_timeout_s = _STDIO_TIMEOUT_S if spec.kind == "mcp_stdio" else _TIMEOUT_S
-    await list_tools_in_child(
-        spec, request_timeout_s, lambda page: learn_tools(app, spec.name, page)
-    )

@@ -7,8 +7,8 @@ needs it only for this occasional listing (`proxy.mcp.catalog.learn_annotations`
 never listed through the proxy). So `serve` runs `python -m proxy.mcp.tool_listing`
 (`proxy.child_process`), which lists the tools and writes each page as one line of JSON as soon as
 it has it (a listing cut short keeps what its first pages taught), then ends. The upstream's
-settings, credentials included, go to the child on its stdin, never on its command line; a stdio
-server it starts writes its own errors where serve's go, as when serve started it itself.
+settings (pickled), credentials included, go to the child on its stdin, never on its command
+line; a stdio server it starts writes its own errors where serve's go, as when serve started it.
 
 A listing that runs out of time stops its child with SIGTERM, on which the child closes what it
 opened (a stdio server's process included), then with SIGKILL if it has not ended within
@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import pickle
 import signal
 import sys
 from collections.abc import Callable
@@ -76,17 +77,8 @@ async def list_tools_in_child(
 
 
 def _settings(spec: UpstreamSpec, request_timeout_s: float) -> bytes:
-    settings = {
-        "name": spec.name,
-        "kind": spec.kind,
-        "url": spec.url,
-        "headers": dict(spec.headers),
-        "command": list(spec.command),
-        "env": dict(spec.env),
-        "cwd": spec.cwd,
-        "timeout_s": request_timeout_s,
-    }
-    return json.dumps(settings).encode()
+    # Pickled: from serve to its own child (the other way, the child's answer is plain JSON).
+    return pickle.dumps((spec, request_timeout_s), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 async def _read_pages(child: asyncio.subprocess.Process, settings: bytes, on_page: OnPage) -> None:
@@ -172,18 +164,9 @@ async def _child_main(spec: UpstreamSpec, request_timeout_s: float) -> None:
 
 
 def _main() -> int:
-    settings = json.loads(sys.stdin.buffer.read())
-    spec = UpstreamSpec(
-        settings["name"],
-        settings["kind"],
-        url=settings["url"],
-        headers=settings["headers"],
-        command=tuple(settings["command"]),
-        env=settings["env"],
-        cwd=settings["cwd"],
-    )
+    spec, request_timeout_s = pickle.loads(sys.stdin.buffer.read())
     try:
-        asyncio.run(_child_main(spec, settings["timeout_s"]))
+        asyncio.run(_child_main(spec, request_timeout_s))
     except asyncio.CancelledError:
         return 1
     except Exception as error:  # noqa: BLE001 - the parent reads it from the last line
