@@ -12,7 +12,7 @@ in Python cannot be raced by another process before the commit.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,10 +20,16 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.batch import ROW_FIELDS, EntryRow, Needs, WorkingSet
-from ledger.errors import AmbiguousReference, EntryNotFound
+from ledger.errors import EntryNotFound
 from ledger.states import PURGEABLE, EntryState
 from ledger.tables import metadata
-from ledger.views import TransitionView
+from ledger.views import (
+    FIND_LIMIT,
+    ReferenceKind,
+    TransitionView,
+    one_entry,
+    reference_lookups,
+)
 
 __all__ = [
     "count_by_state",
@@ -39,8 +45,6 @@ __all__ = [
 ENTRIES = metadata.tables["ledger_entries"]
 TRANSITIONS = metadata.tables["ledger_transitions"]
 _ROW_COLUMNS = [ENTRIES.c[name] for name in ROW_FIELDS]  # in EntryRow's field order
-_MIN_PREFIX = 6
-_FIND_LIMIT = 6
 _entry_row: Callable[..., EntryRow] = EntryRow  # built positionally from a row's values
 
 
@@ -126,22 +130,20 @@ async def find_entry(conn: AsyncConnection, reference: str) -> EntryRow:
         EntryNotFound: nothing matches.
         AmbiguousReference: the key or prefix names several entries.
     """
-    for condition in _reference_conditions(reference):
-        stmt = _select_rows().where(condition).order_by(ENTRIES.c.id).limit(_FIND_LIMIT)
-        rows = _rows(await conn.execute(stmt))
-        if len(rows) == 1:
-            return rows[0]
-        if rows:
-            raise AmbiguousReference(reference, [r.id for r in rows])
+    for kind, value in reference_lookups(reference):
+        stmt = _select_rows().where(_reference_condition(kind, value))
+        rows = _rows(await conn.execute(stmt.order_by(ENTRIES.c.id).limit(FIND_LIMIT)))
+        if (found := one_entry(reference, rows)) is not None:
+            return found
     raise EntryNotFound(reference)
 
 
-def _reference_conditions(reference: str) -> Iterable[sa.ColumnElement[bool]]:
-    yield ENTRIES.c.id == reference
-    yield ENTRIES.c.idempotency_key == reference
-    lowered = reference.lower()
-    if len(lowered) >= _MIN_PREFIX and all(ch in "0123456789abcdef" for ch in lowered):
-        yield ENTRIES.c.id.startswith(lowered, autoescape=True)
+def _reference_condition(kind: ReferenceKind, value: str) -> sa.ColumnElement[bool]:
+    if kind == "id":
+        return ENTRIES.c.id == value
+    if kind == "key":
+        return ENTRIES.c.idempotency_key == value
+    return ENTRIES.c.id.startswith(value, autoescape=True)
 
 
 async def history(conn: AsyncConnection, entry_id: str) -> list[TransitionView]:

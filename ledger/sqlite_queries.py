@@ -14,11 +14,19 @@ from datetime import datetime
 from typing import Any
 
 from ledger.batch import EntryRow
-from ledger.errors import AmbiguousReference, EntryNotFound
+from ledger.errors import EntryNotFound
 from ledger.revisions import VERSION_TABLE
 from ledger.sqlite_sql import COLUMNS, WAITING, TimeTexts, entry_row, marks, stored_time
 from ledger.states import EntryState
-from ledger.views import UPSTREAM_TASK_PREFIX, Candidate, EntryFilter, TransitionView
+from ledger.views import (
+    FIND_LIMIT,
+    UPSTREAM_TASK_PREFIX,
+    Candidate,
+    EntryFilter,
+    TransitionView,
+    one_entry,
+    reference_lookups,
+)
 
 __all__ = [
     "candidates",
@@ -35,8 +43,7 @@ __all__ = [
     "task_owner",
 ]
 
-_MIN_PREFIX = 6  # as `ledger.queries`: an id prefix names an entry from six hex digits on
-_FIND_LIMIT = 6
+_REFERENCE = {"id": "id = ?", "key": "idempotency_key = ?", "prefix": "id >= ? AND id < ?"}
 _HISTORY_COLUMNS = (
     "id, entry_id, from_state, to_state, at, actor, reason, attempt, fencing_token, evidence"
 )
@@ -93,22 +100,14 @@ def find_entry(conn: sqlite3.Connection, reference: str) -> EntryRow:
         EntryNotFound: nothing matches.
         AmbiguousReference: the key or prefix names several entries.
     """
-    lowered = reference.lower()
-    conditions: list[tuple[str, tuple[str, ...]]] = [
-        ("id = ?", (reference,)),
-        ("idempotency_key = ?", (reference,)),
-    ]
-    if len(lowered) >= _MIN_PREFIX and all(ch in "0123456789abcdef" for ch in lowered):
-        # Ids are lowercase hex, all below "g": the ids that start with the prefix are exactly
+    for kind, value in reference_lookups(reference):
+        stmt = f"SELECT {COLUMNS} FROM ledger_entries WHERE {_REFERENCE[kind]} ORDER BY id LIMIT ?"
+        # Ids are lowercase hex, all below "g": the ids that start with a prefix are exactly
         # those in [prefix, prefix + "g"), found through the primary key (a LIKE reads them all).
-        conditions.append(("id >= ? AND id < ?", (lowered, f"{lowered}g")))
-    for condition, values in conditions:
-        stmt = f"SELECT {COLUMNS} FROM ledger_entries WHERE {condition} ORDER BY id LIMIT ?"
-        rows = [entry_row(row) for row in conn.execute(stmt, (*values, _FIND_LIMIT))]
-        if len(rows) == 1:
-            return rows[0]
-        if rows:
-            raise AmbiguousReference(reference, [r.id for r in rows])
+        values = (value, f"{value}g") if kind == "prefix" else (value,)
+        rows = [entry_row(row) for row in conn.execute(stmt, (*values, FIND_LIMIT))]
+        if (found := one_entry(reference, rows)) is not None:
+            return found
     raise EntryNotFound(reference)
 
 

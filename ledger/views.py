@@ -8,11 +8,13 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
+from ledger.errors import AmbiguousReference
 from ledger.states import EntryState
 
 __all__ = [
+    "FIND_LIMIT",
     "UPSTREAM_TASK_PREFIX",
     "Candidate",
     "ClaimKind",
@@ -22,10 +24,13 @@ __all__ = [
     "EntryView",
     "Outcome",
     "OutcomeDigest",
+    "ReferenceKind",
     "TransitionView",
     "entry_json",
     "new_entry_view",
+    "one_entry",
     "positional_builder",
+    "reference_lookups",
     "transition_json",
 ]
 
@@ -219,3 +224,38 @@ class EntryFilter:
     tenant: str | None = None
     since: datetime | None = None
     limit: int = 100
+
+
+FIND_LIMIT = 6
+"""Rows a reference's look-up reads: one names the entry, more than one lists a few of them."""
+_MIN_PREFIX = 6  # an id prefix names an entry from six hex digits on
+ReferenceKind = Literal["id", "key", "prefix"]
+
+
+def reference_lookups(reference: str) -> list[tuple[ReferenceKind, str]]:
+    """How an operator's reference is looked up, in order: as an entry id, as an idempotency key,
+    then (six hex digits or more) as a lowercased id prefix."""
+    lookups: list[tuple[ReferenceKind, str]] = [("id", reference), ("key", reference)]
+    lowered = reference.lower()
+    if len(lowered) >= _MIN_PREFIX and all(ch in "0123456789abcdef" for ch in lowered):
+        lookups.append(("prefix", lowered))
+    return lookups
+
+
+class _Identified(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+R = TypeVar("R", bound=_Identified)
+
+
+def one_entry(reference: str, rows: list[R]) -> R | None:
+    """The one row a look-up found, None for none (the next look-up is tried).
+
+    Raises:
+        AmbiguousReference: the look-up found several.
+    """
+    if len(rows) > 1:
+        raise AmbiguousReference(reference, [row.id for row in rows])
+    return rows[0] if rows else None
