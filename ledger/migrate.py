@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from ledger.db import Engines, open_engines, translate_errors
-from ledger.errors import LedgerUnavailable
 from ledger.revisions import HEAD_REVISION, VERSION_TABLE, migrate_in_child
+from ledger.sqlite_connect import retry_while_locked
 from policies.model import LedgerSettings
 
 if TYPE_CHECKING:
@@ -42,7 +42,6 @@ __all__ = [
 ]
 
 _ADVISORY_LOCK = 0x1E06E5  # any constant shared by every replica
-_LOCKED_RETRIES = 6
 
 
 def alembic_config(connection: sa.Connection | None = None) -> Config:
@@ -92,19 +91,14 @@ async def upgrade(engines: Engines, revision: str = "head") -> tuple[str | None,
     Raises:
         LedgerUnavailable: the database cannot be written.
     """
-    for attempt in range(_LOCKED_RETRIES):
-        try:
-            with translate_errors("migration"):
-                return await _upgrade_once(engines, revision)
-        except LedgerUnavailable as error:
-            # A brand-new SQLite file: replicas starting together race to switch it to WAL,
-            # which SQLite refuses with "database is locked" without waiting for the busy
-            # timeout. The race is over in moments; anything else is a real failure.
-            locked = engines.dialect == "sqlite" and "database is locked" in str(error)
-            if not locked or attempt == _LOCKED_RETRIES - 1:
-                raise
-            await asyncio.sleep(0.05 * 2**attempt)
-    raise AssertionError("unreachable")  # pragma: no cover
+
+    async def once() -> tuple[str | None, str]:
+        with translate_errors("migration"):
+            return await _upgrade_once(engines, revision)
+
+    if engines.dialect != "sqlite":
+        return await once()
+    return await retry_while_locked(once)  # replicas racing on a brand-new file
 
 
 async def _upgrade_once(engines: Engines, revision: str) -> tuple[str | None, str]:

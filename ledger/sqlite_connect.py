@@ -11,13 +11,27 @@ with `durability: normal`), foreign keys on.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import urllib.parse
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
-from ledger.errors import LedgerError
+from ledger.errors import LedgerError, LedgerUnavailable
 
-__all__ = ["BUSY_TIMEOUT_MS", "configure", "connect", "is_sqlite_url", "pragmas", "sqlite_path"]
+__all__ = [
+    "BUSY_TIMEOUT_MS",
+    "configure",
+    "connect",
+    "is_sqlite_url",
+    "pragmas",
+    "retry_while_locked",
+    "sqlite_path",
+]
+
+T = TypeVar("T")
+_LOCKED_RETRIES = 6
 
 BUSY_TIMEOUT_MS = 5000
 _SCHEMES = ("sqlite", "sqlite+aiosqlite", "sqlite+pysqlite")
@@ -85,3 +99,22 @@ def connect(path: Path, durability: str) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+async def retry_while_locked(attempt: Callable[[], Awaitable[T]]) -> T:
+    """`attempt()`, tried again a few times, backing off, while it fails with SQLite's "database
+    is locked": replicas starting together on a brand-new file race to switch it to WAL, which
+    SQLite refuses that way without waiting for the busy timeout. The race is over in moments;
+    anything else is a real failure and is raised at once.
+
+    Raises:
+        LedgerUnavailable: what the last try raised.
+    """
+    for tried in range(_LOCKED_RETRIES):
+        try:
+            return await attempt()
+        except LedgerUnavailable as error:
+            if "database is locked" not in str(error) or tried == _LOCKED_RETRIES - 1:
+                raise
+        await asyncio.sleep(0.05 * 2**tried)
+    raise AssertionError("unreachable")  # pragma: no cover

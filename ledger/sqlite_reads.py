@@ -10,7 +10,6 @@ again after one that failed), which WAL lets read while the writer writes. The s
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from collections.abc import Callable
 from datetime import datetime
@@ -27,7 +26,6 @@ from ledger.writer_thread import WriterThread
 __all__ = ["SQLiteReads"]
 
 T = TypeVar("T")
-_LOCKED_RETRIES = 6
 
 
 class SQLiteReads:
@@ -87,14 +85,9 @@ class SQLiteReads:
         Raises:
             LedgerUnavailable: the database cannot be read.
         """
-        for attempt in range(_LOCKED_RETRIES):
-            try:
-                return await self._read("schema check", sqlite_queries.revision)
-            except LedgerUnavailable as error:
-                if "database is locked" not in str(error) or attempt == _LOCKED_RETRIES - 1:
-                    raise
-            await asyncio.sleep(0.05 * 2**attempt)
-        raise AssertionError("unreachable")  # pragma: no cover
+        return await sqlite_connect.retry_while_locked(
+            lambda: self._read("schema check", sqlite_queries.revision)
+        )
 
     async def stats(self) -> dict[tuple[str, str], int]:
         """Entry counts by (state, upstream).

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from asyncpg import exceptions as pg
 
+from ledger.errors import LedgerUnavailable
 from ledger.faults import Fault, classify
+from ledger.sqlite_connect import retry_while_locked
 
 
 def _sqlite_busy(tmp_path: Path) -> sqlite3.OperationalError:
@@ -67,3 +69,26 @@ def test_a_value_the_driver_cannot_encode_isolates_its_operation() -> None:
     with pytest.raises(UnicodeEncodeError) as caught:
         "bad-\udc80".encode()
     assert classify(caught.value, committing=False) is Fault.ISOLATE
+
+
+async def test_a_read_racing_a_new_file_to_wal_is_tried_again_and_nothing_else_is() -> None:
+    """`retry_while_locked`: "database is locked" is tried again (backing off), any other
+    failure is raised at the first try."""
+    tries: list[str] = []
+
+    async def locked_twice() -> str:
+        tries.append("locked")
+        if len(tries) < 3:
+            raise LedgerUnavailable("ledger schema check failed: database is locked")
+        return "0004"
+
+    assert await retry_while_locked(locked_twice) == "0004"
+    assert len(tries) == 3
+
+    async def down() -> str:
+        tries.append("down")
+        raise LedgerUnavailable("ledger schema check failed: unable to open database file")
+
+    with pytest.raises(LedgerUnavailable, match="unable to open"):
+        await retry_while_locked(down)
+    assert tries.count("down") == 1
