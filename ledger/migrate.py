@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from ledger.db import Engines, open_engines, translate_errors
-from ledger.revisions import HEAD_REVISION, VERSION_TABLE, migrate_in_child
+from ledger.revisions import HEAD_REVISION, VERSION_TABLE
 from ledger.sqlite_connect import retry_while_locked
 from policies.model import LedgerSettings
 
@@ -38,7 +38,6 @@ __all__ = [
     "head_revision",
     "migrate_ledger",
     "upgrade",
-    "upgrade_in_child",
 ]
 
 _ADVISORY_LOCK = 0x1E06E5  # any constant shared by every replica
@@ -131,22 +130,6 @@ async def migrate_ledger(settings: LedgerSettings) -> tuple[str | None, str]:
         return await upgrade(engines)
     finally:
         await engines.dispose()
-
-
-async def upgrade_in_child(engines: Engines, settings: LedgerSettings) -> bool:
-    """Migrate the database of `engines` to head in a child process when it is behind
-    (`ledger.revisions.migrate_in_child`).
-
-    True when the schema is current afterwards (it already was, or the child migrated it); False
-    when the child failed or could not start (logged): the caller's own `upgrade` then migrates
-    in-process.
-
-    Raises:
-        LedgerUnavailable: the database cannot be read (no child is started).
-    """
-    if await current_revision(engines) == HEAD_REVISION:
-        return True
-    return await migrate_in_child(settings)
 
 
 def _migrate_from_stdin() -> int:

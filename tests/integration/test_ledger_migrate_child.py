@@ -1,7 +1,7 @@
-"""A ledger whose schema is behind is migrated by a child process (`upgrade_in_child`, what
-`LedgerStore.open(migrate_in_child=True)` does for `interlock serve`), so the process that serves
-never loads Alembic (about 12 MB it would hold for its whole life). When the child cannot do it,
-the open migrates in-process as before. Each test runs on SQLite and on PostgreSQL."""
+"""A ledger whose schema is behind is migrated by a child process (`revisions.migrate_in_child`,
+what `LedgerStore.open(migrate_in_child=True)` does for `interlock serve`), so the process that
+serves never loads Alembic (about 12 MB it would hold for its whole life). When the child cannot
+do it, the open migrates in-process as before. Each test runs on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 
 from ledger import LedgerStore, LedgerUnavailable
 from ledger.db import Engines, open_engines
-from ledger.migrate import HEAD_REVISION, current_revision, migrate_ledger, upgrade_in_child
+from ledger.migrate import HEAD_REVISION, current_revision, migrate_ledger
+from ledger.revisions import migrate_in_child
 from policies.model import LedgerSettings
 from tests import ledger_fixtures
 
@@ -40,20 +41,22 @@ async def test_a_new_ledger_is_migrated_by_a_child_process(
     ledger_settings: LedgerSettings,
 ) -> None:
     assert await _revision(ledger_settings) is None
-    async with _engines(ledger_settings) as engines:
-        assert await upgrade_in_child(engines, ledger_settings) is True
+    assert await migrate_in_child(ledger_settings) is True
     assert await _revision(ledger_settings) == HEAD_REVISION
     store = await LedgerStore.open(ledger_settings, owner="r", migrate=False)  # usable as is
     await store.close()
 
 
 async def test_a_current_ledger_needs_no_child(
-    ledger_settings: LedgerSettings, monkeypatch: pytest.MonkeyPatch
+    ledger_settings: LedgerSettings,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     await migrate_ledger(ledger_settings)
     monkeypatch.setattr("ledger.migrate.sys.executable", "/bin/false")  # a child would fail
-    async with _engines(ledger_settings) as engines:
-        assert await upgrade_in_child(engines, ledger_settings) is True
+    store = await LedgerStore.open(ledger_settings, owner="r", migrate_in_child=True)
+    await store.close()
+    assert "child process" not in caplog.text  # none was started
 
 
 async def test_a_child_that_fails_leaves_the_migration_to_the_open(
@@ -62,8 +65,7 @@ async def test_a_child_that_fails_leaves_the_migration_to_the_open(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr("ledger.migrate.sys.executable", "/bin/false")
-    async with _engines(ledger_settings) as engines:
-        assert await upgrade_in_child(engines, ledger_settings) is False
+    assert await migrate_in_child(ledger_settings) is False
     assert "migrating in this process" in caplog.text
     assert await _revision(ledger_settings) is None
     store = await LedgerStore.open(ledger_settings, owner="r", migrate_in_child=True)
@@ -76,8 +78,7 @@ async def test_a_child_that_cannot_start_leaves_the_migration_to_the_open(
     ledger_settings: LedgerSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("ledger.migrate.sys.executable", "/nonexistent/python")
-    async with _engines(ledger_settings) as engines:
-        assert await upgrade_in_child(engines, ledger_settings) is False
+    assert await migrate_in_child(ledger_settings) is False
     assert await _revision(ledger_settings) is None
 
 
