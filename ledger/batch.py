@@ -146,8 +146,8 @@ class OpContext:
 class Loader(Protocol):
     """More reads of an operation's own (deferred work's: `ledger.deferred_rows`), run last."""
 
-    def __call__(self, conn: Any, ws: WorkingSet, *, now: datetime, dialect: str) -> None:
-        """Read through the toolkit's connection `conn` (PostgreSQL)."""
+    def on_postgres(self, conn: Any, ws: WorkingSet) -> None:
+        """Read (and lock) through the PostgreSQL writer's toolkit connection `conn`."""
 
     def on_sqlite(self, conn: sqlite3.Connection, ws: WorkingSet) -> None:
         """Read through the SQLite writer's own connection."""

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.batch import EntryRow, WorkingSet
-from ledger.queries import ENTRIES, _locking, _rows, _select_rows
+from ledger.queries import ENTRIES, _rows, _select_rows
 from ledger.states import EntryState
 from ledger.views import UPSTREAM_TASK_PREFIX, Candidate
 
@@ -54,11 +54,11 @@ def accepted_counts(
     return facts
 
 
-def load_claimable(conn: sa.Connection, ids: set[str], ws: WorkingSet, dialect: str) -> None:
-    """The named entries that are waiting deferred work, locked `FOR UPDATE SKIP LOCKED` on
-    PostgreSQL, into `ws` (`ClaimableRows`)."""
+def load_claimable(conn: sa.Connection, ids: set[str], ws: WorkingSet) -> None:
+    """The named entries that are waiting deferred work, locked `FOR UPDATE SKIP LOCKED`, into
+    `ws` (`ClaimableRows`, on PostgreSQL)."""
     stmt = _select_rows().where(_WAITING, ENTRIES.c.id.in_(sorted(ids)))
-    result = conn.execute(_locking(stmt.order_by(ENTRIES.c.id), dialect, skip_locked=True))
+    result = conn.execute(stmt.order_by(ENTRIES.c.id).with_for_update(skip_locked=True))
     for row in _rows(result):
         if row.id not in ws.rows:
             ws.load(row)

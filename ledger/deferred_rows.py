@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import TYPE_CHECKING, Self
 
 from ledger import sqlite_sql
-from ledger.batch import Needs, WorkingSet
+from ledger.batch import Loader, Needs, WorkingSet
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["AcceptedCounts", "ClaimableRows"]
 
 
-class _BatchLoader:
+class _BatchLoader(Loader):
     """A loader the operations of one batch share: `of(needs)` is the batch's one instance."""
 
     __slots__ = ()
@@ -38,14 +37,6 @@ class _BatchLoader:
         needs.loaders.append(loader)
         return loader
 
-    def __call__(self, conn: sa.Connection, ws: WorkingSet, *, now: datetime, dialect: str) -> None:
-        """Read through the toolkit's connection (PostgreSQL)."""
-        raise NotImplementedError
-
-    def on_sqlite(self, conn: sqlite3.Connection, ws: WorkingSet) -> None:
-        """Read through the SQLite writer's own connection."""
-        raise NotImplementedError
-
 
 @dataclass(slots=True)
 class AcceptedCounts(_BatchLoader):
@@ -59,10 +50,9 @@ class AcceptedCounts(_BatchLoader):
         self.tenants.add(tenant)
         self.upstreams.add(upstream)
 
-    def __call__(self, conn: sa.Connection, ws: WorkingSet, *, now: datetime, dialect: str) -> None:
+    def on_postgres(self, conn: sa.Connection, ws: WorkingSet) -> None:
         from ledger import deferred_queries
 
-        del now, dialect
         ws.facts.update(deferred_queries.accepted_counts(conn, self.tenants, self.upstreams))
 
     def on_sqlite(self, conn: sqlite3.Connection, ws: WorkingSet) -> None:
@@ -79,11 +69,10 @@ class ClaimableRows(_BatchLoader):
     def add(self, entry_id: str) -> None:
         self.ids.add(entry_id)
 
-    def __call__(self, conn: sa.Connection, ws: WorkingSet, *, now: datetime, dialect: str) -> None:
+    def on_postgres(self, conn: sa.Connection, ws: WorkingSet) -> None:
         from ledger import deferred_queries
 
-        del now
-        deferred_queries.load_claimable(conn, self.ids, ws, dialect)
+        deferred_queries.load_claimable(conn, self.ids, ws)
 
     def on_sqlite(self, conn: sqlite3.Connection, ws: WorkingSet) -> None:
         sqlite_sql.load_claimable(conn, self.ids, ws)

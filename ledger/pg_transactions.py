@@ -107,7 +107,7 @@ class PostgresTransactions:
         # Always run: the first statement is what begins the transaction on the connection.
         now = queries.database_now(conn)
         ctx = self._context(self._clock() if self._clock else now)
-        queries.load(conn, needs, ws, now=ctx.now, dialect="postgresql")
+        queries.load(conn, needs, ws, now=ctx.now)
         return ctx
 
     async def _finish(

@@ -56,12 +56,6 @@ def _rows(result: sa.Result[Any]) -> list[EntryRow]:
     return [_entry_row(*values) for values in result]
 
 
-def _locking(stmt: sa.Select[Any], dialect: str, *, skip_locked: bool = False) -> sa.Select[Any]:
-    if dialect != "postgresql":
-        return stmt
-    return stmt.with_for_update(skip_locked=skip_locked)
-
-
 _PG_NOW = sa.text("SELECT clock_timestamp()")
 
 
@@ -72,8 +66,9 @@ def database_now(conn: sa.Connection) -> datetime:
     return moment.astimezone(UTC)
 
 
-def load(conn: sa.Connection, needs: Needs, ws: WorkingSet, *, now: datetime, dialect: str) -> None:
-    """Read (and on PostgreSQL lock, in id order) every row `needs` names into `ws`."""
+def load(conn: sa.Connection, needs: Needs, ws: WorkingSet, *, now: datetime) -> None:
+    """Read and lock (in id order) every row `needs` names into `ws` (the PostgreSQL writer's
+    full batches; `ledger.sqlite_sql.load` is the same on SQLite)."""
     selects = []
     if needs.ids:
         selects.append(_select_rows().where(ENTRIES.c.id.in_(sorted(needs.ids))))
@@ -96,9 +91,9 @@ def load(conn: sa.Connection, needs: Needs, ws: WorkingSet, *, now: datetime, di
             .where(ENTRIES.c.state.in_(sorted(PURGEABLE)), ENTRIES.c.updated_at < now - older_than)
             .limit(limit)
         )
-        ws.purgeable.extend(conn.execute(_locking(stmt, dialect, skip_locked=True)).scalars())
+        ws.purgeable.extend(conn.execute(stmt.with_for_update(skip_locked=True)).scalars())
     for stmt in selects:
-        result = conn.execute(_locking(stmt.order_by(ENTRIES.c.id), dialect))
+        result = conn.execute(stmt.order_by(ENTRIES.c.id).with_for_update())
         for row in _rows(result):
             ws.load(row)
     if needs.sweep_limit:
@@ -109,13 +104,13 @@ def load(conn: sa.Connection, needs: Needs, ws: WorkingSet, *, now: datetime, di
             .limit(needs.sweep_limit)
         )
         # Skip rows another replica holds: it is finishing, renewing or sweeping them itself.
-        result = conn.execute(_locking(stmt, dialect, skip_locked=True))
+        result = conn.execute(stmt.with_for_update(skip_locked=True))
         for row in _rows(result):
             if row.id not in ws.rows:
                 ws.load(row)
             ws.expired.append(row.id)
     for loader in needs.loaders:
-        loader(conn, ws, now=now, dialect=dialect)
+        loader.on_postgres(conn, ws)
 
 
 async def ping(conn: AsyncConnection) -> None:

@@ -62,8 +62,8 @@ MUTANTS = (
         module="ledger.deferred_queries",
         edits=(
             (
-                "result = conn.execute(_locking(stmt.order_by(ENTRIES.c.id), dialect, "
-                "skip_locked=True))",
+                "result = conn.execute("
+                "stmt.order_by(ENTRIES.c.id).with_for_update(skip_locked=True))",
                 "result = conn.execute(stmt.order_by(ENTRIES.c.id))",
             ),
         ),
