@@ -56,7 +56,6 @@ __all__ = [
     "critical_reserve",
     "deadline_refusal",
     "decide_entry",
-    "fits",
     "has_room",
     "live_reserve",
     "patience_s",
@@ -322,10 +321,10 @@ def has_room(
         return True
     unfilled = live_reserve(config, scope, band, load) if deferred else 0
     critical = 0 if band == "critical" else load.running_class(scope.name, "critical")
-    return fits(scope, band, load.running(scope.name), critical, unfilled)
+    return _room_in(scope, band, load.running(scope.name), critical, unfilled)
 
 
-def fits(scope: Scope, band: WorkClass, running: int, critical: int, unfilled: int = 0) -> bool:
+def _room_in(scope: Scope, band: WorkClass, running: int, critical: int, unfilled: int = 0) -> bool:
     """Whether one more call of `band` fits in `scope` (limited to `max_running`) where `running`
     calls run, `critical` of them critical, and `unfilled` slots are kept for others: critical
     calls may take any slot left; other bands leave critical's unfilled reserve free."""
@@ -343,7 +342,7 @@ def _all_fit(state: AdmissionState, scopes: tuple[Scope, ...], band: WorkClass) 
     for scope in scopes:
         if scope.limits.max_running is not None:
             name = scope.name
-            if not fits(scope, band, running.get(name, 0), by_class.get((name, "critical"), 0)):
+            if not _room_in(scope, band, running.get(name, 0), by_class.get((name, "critical"), 0)):
                 return False
     return True
 
