@@ -16,7 +16,7 @@ from typing import Any
 from ledger.batch import EntryRow
 from ledger.errors import EntryNotFound
 from ledger.revisions import VERSION_TABLE
-from ledger.sqlite_sql import COLUMNS, WAITING, TimeTexts, entry_row, marks, stored_time
+from ledger.sqlite_sql import COLUMNS, WAITING, entry_row, marks, stored_time, utc_text
 from ledger.states import EntryState
 from ledger.views import (
     FIND_LIMIT,
@@ -146,7 +146,7 @@ def list_entries(conn: sqlite3.Connection, wanted: EntryFilter) -> list[EntryRow
             params.append(value)
     if wanted.since is not None:
         where.append("created_at >= ?")
-        params.append(TimeTexts()(wanted.since))
+        params.append(utc_text(wanted.since))
     return _entries(conn, where, params, wanted.limit)
 
 
@@ -190,7 +190,7 @@ def list_tasks(
         params.append(upstream)
     if before is not None:
         created, entry_id = before
-        text = TimeTexts()(created)
+        text = utc_text(created)
         where.append("(created_at < ? OR (created_at = ? AND id < ?))")
         params.extend((text, text, entry_id))
     return _entries(conn, where, params, limit)

@@ -46,6 +46,7 @@ __all__ = [
     "marks",
     "rollback",
     "stored_time",
+    "utc_text",
 ]
 
 COLUMNS = ", ".join(ROW_FIELDS)
@@ -317,11 +318,20 @@ class TimeTexts:
             return None
         text = self._texts.get(value)
         if text is None:
-            if value.tzinfo is None:
-                raise ValueError(f"ledger times must be timezone-aware, not {value!r}")
-            text = value.astimezone(UTC).isoformat(" ", "microseconds")[:_TEXT_LENGTH]
-            self._texts[value] = text
+            text = self._texts[value] = utc_text(value)
         return text
+
+
+def utc_text(value: datetime) -> str:
+    """An aware datetime as the UTC text SQLite holds (`ledger.tables.UTCTimestamp`).
+
+    Raises:
+        ValueError: a naive datetime (its zone is unknown).
+    """
+    if value.tzinfo is None:
+        raise ValueError(f"ledger times must be timezone-aware, not {value!r}")
+    # "2030-01-01 00:00:00.000000+00:00" without its offset (cheaper than .replace()).
+    return value.astimezone(UTC).isoformat(" ", "microseconds")[:_TEXT_LENGTH]
 
 
 @functools.lru_cache(maxsize=512)

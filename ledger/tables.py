@@ -17,6 +17,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Dialect
 from sqlmodel import Field, SQLModel
 
+from ledger.sqlite_sql import stored_time, utc_text
 from ledger.states import EntryState
 
 __all__ = ["LedgerEntry", "LedgerTransition", "UTCTimestamp", "metadata"]
@@ -39,9 +40,6 @@ class _SQLiteText(sqlite.DATETIME):
         return None
 
 
-_TEXT_LENGTH = len("2030-01-01 00:00:00.000000")
-
-
 class UTCTimestamp(sa.TypeDecorator[datetime]):
     """An aware datetime stored in UTC: `timestamptz` on PostgreSQL; on SQLite the text
     "YYYY-MM-DD HH:MM:SS.ffffff" (SQLAlchemy's own format, so it sorts and compares as time).
@@ -61,18 +59,17 @@ class UTCTimestamp(sa.TypeDecorator[datetime]):
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
         if value is None:
             return None
+        if dialect.name == "sqlite":
+            return utc_text(value)
         if value.tzinfo is None:
             raise ValueError(f"ledger times must be timezone-aware, not {value!r}")
-        if dialect.name != "sqlite":
-            return value
-        # "2030-01-01 00:00:00.000000+00:00" without its offset (cheaper than .replace()).
-        return value.astimezone(UTC).isoformat(" ", "microseconds")[:_TEXT_LENGTH]
+        return value
 
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
         if isinstance(value, str):
-            return datetime.fromisoformat(value + "+00:00")
+            return stored_time(value)
         moment: datetime = value
         return moment.astimezone(UTC)
 
