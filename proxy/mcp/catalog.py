@@ -12,11 +12,17 @@ the upstream's tools itself, once per `_REFRESH_S`, with a short timeout: over S
 for a stdio upstream by starting its command once (a short-lived process of its own, ended as soon
 as the listing is done, so no client session's process is borrowed). The listing runs in a child
 process with the MCP SDK's client (`proxy.mcp.tool_listing`), so the SDK never stays in the
-proxy's memory."""
+proxy's memory.
+
+The listing is the upstream's, not the call's: it runs as a task of its own, which every call
+that needs it waits for only as long as that call allows (`learn_annotations`' `wait_s`); a call
+that stops waiting, or whose client leaves, does not end it, and the calls after it find what it
+learned. The application's cleanup ends a listing still running."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -64,7 +70,9 @@ class ToolCatalog:
     """Per upstream, the tools whose listing says `execution.taskSupport` optional or required:
     that upstream runs tasks itself."""
     attempts: dict[str, float] = field(default_factory=dict)
-    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    """When each upstream's tools were last listed (the start of the listing)."""
+    listings: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    """The listing running for each upstream, if one is."""
 
 
 CATALOG = web.AppKey("tool_catalog", ToolCatalog)
@@ -72,6 +80,15 @@ CATALOG = web.AppKey("tool_catalog", ToolCatalog)
 
 def setup(app: web.Application) -> None:
     app[CATALOG] = ToolCatalog()
+    app.on_cleanup.append(_end_listings)
+
+
+async def _end_listings(app: web.Application) -> None:
+    """End the listings still running (each stops its child process as it is cancelled)."""
+    listings = list(app[CATALOG].listings.values())
+    for listing in listings:
+        listing.cancel()
+    await asyncio.gather(*listings, return_exceptions=True)
 
 
 def tool_annotations(app: web.Application, upstream: str, tool: str) -> dict[str, Any] | None:
@@ -152,22 +169,32 @@ def _header_map(schema: dict[str, Any]) -> ParamHeaders | None:
     return x_mcp_header_map(schema)
 
 
-async def learn_annotations(app: web.Application, spec: UpstreamSpec) -> None:
-    """List the upstream's tools ourselves (at most once a minute per upstream)."""
+async def learn_annotations(app: web.Application, spec: UpstreamSpec, *, wait_s: float) -> None:
+    """List the upstream's tools ourselves (at most once a minute per upstream), waiting at most
+    `wait_s` for that listing: it goes on without a caller that stops waiting (or is cancelled)."""
     if spec.kind == "http" or (spec.kind == "mcp_http" and spec.url is None):
         return
     learning = app[CATALOG]
-    lock = learning.locks.setdefault(spec.name, asyncio.Lock())
-    async with lock:
+    listing = learning.listings.get(spec.name)
+    if listing is None:
         last = learning.attempts.get(spec.name)
         if last is not None and time.monotonic() - last < _REFRESH_S:
             return
         learning.attempts[spec.name] = time.monotonic()
-        timeout_s = _STDIO_TIMEOUT_S if spec.kind == "mcp_stdio" else _TIMEOUT_S
-        try:
-            async with asyncio.timeout(timeout_s + _CHILD_START_S):
-                await list_tools_in_child(
-                    spec, timeout_s, lambda page: learn_tools(app, spec.name, page)
-                )
-        except Exception as exc:  # noqa: BLE001 - learning is best effort; the default is safe
-            log.warning("%s: could not list tools to learn annotations: %s", spec.name, exc)
+        listing = asyncio.create_task(_list_tools(app, spec), name=f"list-tools-{spec.name}")
+        learning.listings[spec.name] = listing
+        listing.add_done_callback(lambda _: learning.listings.pop(spec.name, None))
+    if wait_s > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(listing), wait_s)
+
+
+async def _list_tools(app: web.Application, spec: UpstreamSpec) -> None:
+    timeout_s = _STDIO_TIMEOUT_S if spec.kind == "mcp_stdio" else _TIMEOUT_S
+    try:
+        async with asyncio.timeout(timeout_s + _CHILD_START_S):
+            await list_tools_in_child(
+                spec, timeout_s, lambda page: learn_tools(app, spec.name, page)
+            )
+    except Exception as exc:  # noqa: BLE001 - learning is best effort; the default is safe
+        log.warning("%s: could not list tools to learn annotations: %s", spec.name, exc)

@@ -30,7 +30,9 @@ with `{"reject_next": N, "status": 429, "retry_after": "2", "methods": ["tools/c
 an ASGI wrapper in front of the SDK app answer the next N matching POSTs with that status and
 `Retry-After` before the SDK sees them (the upstream-pressure mode); with `"fail_after": N`
 instead, the next N matching POSTs reach the SDK (the tool runs) and are then answered with that
-status, its own answer thrown away (a gateway whose backend acted and then reported 503).
+status, its own answer thrown away (a gateway whose backend acted and then reported 503);
+`"list_delay_s": S` holds every `tools/list` POST for S seconds before the SDK sees it (an
+upstream slow to list its tools).
 
 Start one for a test with `running_upstream()`:
 
@@ -277,6 +279,7 @@ class _Pressure:
     methods: tuple[str, ...] = ("tools/call",)
     rejected: int = 0
     fail_after: int = 0
+    list_delay_s: float = 0.0  # how long a tools/list POST waits before the SDK sees it
     mcp_requests: int = 0  # every HTTP request that reached /mcp (the "nothing forwarded" checks)
     last_headers: dict[str, str] = field(default_factory=dict)  # of the latest /mcp request
     http_methods: Counter[str] = field(default_factory=Counter)  # /mcp requests by HTTP method
@@ -324,6 +327,11 @@ class _PressureWrapper:
             self.pressure.mcp_requests += 1
             self.pressure.http_methods[method] += 1
             self.pressure.last_headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        if method == "POST" and self.pressure.list_delay_s > 0:
+            body = await _read_body(receive)
+            if _method_of(body) == "tools/list":
+                await asyncio.sleep(self.pressure.list_delay_s)
+            receive = _replay(body)
         if method == "POST" and self.pressure.fail_after > 0:
             body = await _read_body(receive)
             if _method_of(body) in self.pressure.methods:
@@ -352,6 +360,7 @@ class _PressureWrapper:
         self.pressure.status = int(values.get("status", 429))
         self.pressure.retry_after = values.get("retry_after", "1")
         self.pressure.methods = tuple(values.get("methods", ["tools/call"]))
+        self.pressure.list_delay_s = float(values.get("list_delay_s", 0.0))
 
 
 def _method_of(body: bytes) -> str | None:

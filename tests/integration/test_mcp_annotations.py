@@ -1,15 +1,18 @@
 """The proxy learns tool annotations by itself, over HTTP and stdio alike: a tool it was never
-shown in a `tools/list` is still classified by its `readOnlyHint` (real stdio MCPServer)."""
+shown in a `tools/list` is still classified by its `readOnlyHint` (real stdio MCPServer). A call
+waits for that listing only within its own deadline; the listing goes on without it."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from policies.model import LedgerSettings
-from proxy.mcp.catalog import tool_annotations
+from proxy.mcp.catalog import CATALOG, tool_annotations
+from proxy.state import LEDGER
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import (
     RawMcp,
@@ -83,3 +86,76 @@ async def test_listing_tools_ignores_proxy_settings_in_the_environment(
     finally:
         sentinel.stop()
     assert sentinel.connections == 0
+
+
+async def test_a_call_waits_for_the_listing_only_within_its_own_deadline(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """An upstream slow to list its tools (2 s, within the listing's own 3 s) and a call with a
+    1 s deadline to a tool never listed: the call waits for the listing at most half its
+    deadline, then runs classified by the default (side-effecting: it is ledgered) and is
+    answered while the listing still runs; the listing is not abandoned with it, and the next
+    call finds the tool read-only."""
+    with running_upstream() as upstream:
+        upstream.control(list_delay_s=2.0, methods=[])
+        upstreams = {"up": http_upstream("up", upstream.url)}
+        async with running_proxy(upstreams, tmp_path, read_only=False) as proxy:
+            raw = RawMcp(http, proxy.mcp_url("up"))
+            await raw.initialize()
+            search = {"name": "search_docs", "arguments": {"query": "q"}}
+            async with asyncio.timeout(10):
+                first = await raw.post(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": 1,
+                        "method": "tools/call",
+                        "params": {**search, "_meta": {"interlock/deadline-ms": 1000}},
+                    }
+                )
+            unknown_when_answered = tool_annotations(proxy.app, "up", "search_docs")
+            listing = proxy.app[CATALOG].listings.get("up")
+            assert listing is not None  # still running once the call was answered
+            await asyncio.wait_for(asyncio.shield(listing), 10)
+            learned = tool_annotations(proxy.app, "up", "search_docs")
+            second = await raw.post(
+                {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": search}
+            )
+            store = proxy.app[LEDGER].store
+            assert store is not None
+            ledgered = [e.tool for e in await store.list_entries()]
+    assert first.last["result"]["content"][0]["text"] == "3 results for 'q'"
+    assert unknown_when_answered is None
+    assert learned == {"readOnlyHint": True}
+    assert second.last["result"]["content"][0]["text"] == "3 results for 'q'"
+    assert ledgered == ["search_docs"]  # the first call only: the second was known read-only
+
+
+async def test_the_time_spent_waiting_for_the_listing_counts_against_the_deadline(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """A call's deadline covers the whole call, learning its tool included. The listing never
+    ends (the upstream holds it past the listing's own timeout) and the call has 1 s: it waits
+    half of that for the listing, so a tool that takes 0.8 s no longer fits in what is left,
+    and the call ends as a call whose deadline ran out mid-flight (-32053, `unknown`: the tool
+    was classified side-effecting by default), not as one that had its whole second after the
+    listing gave up."""
+    with running_upstream() as upstream:
+        upstream.control(list_delay_s=60.0, methods=[])
+        upstreams = {"up": http_upstream("up", upstream.url)}
+        async with running_proxy(upstreams, tmp_path, read_only=False) as proxy:
+            raw = RawMcp(http, proxy.mcp_url("up"))
+            await raw.initialize()
+            answer = await raw.post(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "tools/call",
+                    "params": {
+                        "name": "hold",
+                        "arguments": {"seconds": 0.8},
+                        "_meta": {"interlock/deadline-ms": 1000},
+                    },
+                }
+            )
+    assert answer.last["error"]["code"] == -32053, answer.last
+    assert answer.last["error"]["data"]["state"] == "unknown"

@@ -48,6 +48,9 @@ from proxy.telemetry import metrics, tracing
 
 __all__ = ["McpCallContext", "Notify", "SendUpstream", "handle_tools_call"]
 
+_LEARNING_SHARE = 0.5
+"""The part of a call's deadline it may wait for the proxy's own listing of its tool."""
+
 
 def _invalid_params(request: JsonObject, reason: str, message: str) -> JsonObject:
     answer = answers.bad_request(answers.CODE_INVALID_PARAMS, reason, message)
@@ -75,10 +78,12 @@ async def handle_tools_call(
     tool: str = params["name"]
     arguments = params.get("arguments")  # absent is not the same call as {}
     classify = ctx.app[TOOL_CLASSIFIER]
+    started = time.monotonic()  # the deadline covers the whole call, learning its tool too
     policy = classify(ctx.upstream.name, tool, tool_annotations(ctx.app, ctx.upstream.name, tool))
     if policy.source == "default" and tool_annotations(ctx.app, ctx.upstream.name, tool) is None:
-        # Never listed (and no rule decides): learn the tool's annotations before defaulting.
-        await learn_annotations(ctx.app, ctx.upstream)
+        # Never listed (and no rule decides): learn the tool's annotations before defaulting,
+        # for at most half the call's deadline (the rest is the call's own).
+        await learn_annotations(ctx.app, ctx.upstream, wait_s=attrs.deadline_s * _LEARNING_SHARE)
         annotations = tool_annotations(ctx.app, ctx.upstream.name, tool)
         policy = classify(ctx.upstream.name, tool, annotations)
     key = None
@@ -97,7 +102,6 @@ async def handle_tools_call(
         except (TypeError, ValueError) as exc:  # NaN, keys equal after NFC: no canonical form
             reason = f"arguments have no canonical form: {exc}"
             return _invalid_params(request, "invalid_arguments", reason)
-    started = time.monotonic()
 
     def span_attrs() -> dict[str, Any]:
         return {
