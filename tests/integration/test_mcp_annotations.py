@@ -5,7 +5,10 @@ waits for that listing only within its own deadline; the listing goes on without
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -16,6 +19,7 @@ from proxy.state import LEDGER
 from tests.integration import mcp_proxy_harness
 from tests.integration.mcp_proxy_harness import (
     RawMcp,
+    RunningProxy,
     http_upstream,
     running_proxy,
     stdio_upstream,
@@ -28,6 +32,34 @@ http = mcp_proxy_harness.http
 DOWN = LedgerSettings(url="postgresql+asyncpg://postgres@127.0.0.1:9/none")
 
 
+@contextlib.asynccontextmanager
+async def _slow_to_list(
+    list_delay_s: float, folder: Path, http: aiohttp.ClientSession
+) -> AsyncIterator[tuple[RunningProxy, RawMcp]]:
+    """A proxy (side effects allowed) before a real HTTP upstream that holds every `tools/list`
+    for `list_delay_s`, and an initialized client session on it."""
+    with running_upstream() as upstream:
+        upstream.control(list_delay_s=list_delay_s, methods=[])
+        upstreams = {"up": http_upstream("up", upstream.url)}
+        async with running_proxy(upstreams, folder, read_only=False) as proxy:
+            raw = RawMcp(http, proxy.mcp_url("up"))
+            await raw.initialize()
+            yield proxy, raw
+
+
+async def _call(
+    raw: RawMcp, number: int, tool: str, arguments: dict[str, Any], deadline_ms: int | None = None
+) -> dict[str, Any]:
+    """The answer to one `tools/call` (with `deadline_ms` as the call's own deadline)."""
+    params: dict[str, Any] = {"name": tool, "arguments": arguments}
+    if deadline_ms is not None:
+        params["_meta"] = {"interlock/deadline-ms": deadline_ms}
+    answer = await raw.post(
+        {"jsonrpc": "2.0", "id": number, "method": "tools/call", "params": params}
+    )
+    return answer.last
+
+
 async def test_a_stdio_tool_never_listed_is_classified_by_its_annotations(
     tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
@@ -37,25 +69,11 @@ async def test_a_stdio_tool_never_listed_is_classified_by_its_annotations(
     async with running_proxy(upstreams, tmp_path, read_only=False, ledger=DOWN) as proxy:
         raw = RawMcp(http, proxy.mcp_url("st"))
         await raw.initialize()
-        read = await raw.post(
-            {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "tools/call",
-                "params": {"name": "search_docs", "arguments": {"query": "q"}},
-            }
-        )
-        send = await raw.post(
-            {
-                "jsonrpc": "2.0",
-                "id": 2,
-                "method": "tools/call",
-                "params": {"name": "charge", "arguments": {"amount": 1}},
-            }
-        )
+        read = await _call(raw, 1, "search_docs", {"query": "q"})
+        send = await _call(raw, 2, "charge", {"amount": 1})
         assert tool_annotations(proxy.app, "st", "search_docs") == {"readOnlyHint": True}
-    assert read.last["result"]["content"][0]["text"] == "3 results for 'q'"
-    assert send.last["error"]["code"] == -32054
+    assert read["result"]["content"][0]["text"] == "3 results for 'q'"
+    assert send["error"]["code"] == -32054
 
 
 async def test_listing_tools_ignores_proxy_settings_in_the_environment(
@@ -74,14 +92,7 @@ async def test_listing_tools_ignores_proxy_settings_in_the_environment(
             async with running_proxy(upstreams, tmp_path, read_only=False, ledger=DOWN) as proxy:
                 raw = RawMcp(http, proxy.mcp_url("up"))
                 await raw.initialize()
-                await raw.post(
-                    {
-                        "jsonrpc": "2.0",
-                        "id": 1,
-                        "method": "tools/call",
-                        "params": {"name": "search_docs", "arguments": {"query": "q"}},
-                    }
-                )
+                await _call(raw, 1, "search_docs", {"query": "q"})
                 assert tool_annotations(proxy.app, "up", "search_docs") == {"readOnlyHint": True}
     finally:
         sentinel.stop()
@@ -96,37 +107,22 @@ async def test_a_call_waits_for_the_listing_only_within_its_own_deadline(
     deadline, then runs classified by the default (side-effecting: it is ledgered) and is
     answered while the listing still runs; the listing is not abandoned with it, and the next
     call finds the tool read-only."""
-    with running_upstream() as upstream:
-        upstream.control(list_delay_s=2.0, methods=[])
-        upstreams = {"up": http_upstream("up", upstream.url)}
-        async with running_proxy(upstreams, tmp_path, read_only=False) as proxy:
-            raw = RawMcp(http, proxy.mcp_url("up"))
-            await raw.initialize()
-            search = {"name": "search_docs", "arguments": {"query": "q"}}
-            async with asyncio.timeout(10):
-                first = await raw.post(
-                    {
-                        "jsonrpc": "2.0",
-                        "id": 1,
-                        "method": "tools/call",
-                        "params": {**search, "_meta": {"interlock/deadline-ms": 1000}},
-                    }
-                )
-            unknown_when_answered = tool_annotations(proxy.app, "up", "search_docs")
-            listing = proxy.app[CATALOG].listings.get("up")
-            assert listing is not None  # still running once the call was answered
-            await asyncio.wait_for(asyncio.shield(listing), 10)
-            learned = tool_annotations(proxy.app, "up", "search_docs")
-            second = await raw.post(
-                {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": search}
-            )
-            store = proxy.app[LEDGER].store
-            assert store is not None
-            ledgered = [e.tool for e in await store.list_entries()]
-    assert first.last["result"]["content"][0]["text"] == "3 results for 'q'"
+    async with _slow_to_list(2.0, tmp_path, http) as (proxy, raw):
+        async with asyncio.timeout(10):
+            first = await _call(raw, 1, "search_docs", {"query": "q"}, deadline_ms=1000)
+        unknown_when_answered = tool_annotations(proxy.app, "up", "search_docs")
+        listing = proxy.app[CATALOG].listings.get("up")
+        assert listing is not None  # still running once the call was answered
+        await asyncio.wait_for(asyncio.shield(listing), 10)
+        learned = tool_annotations(proxy.app, "up", "search_docs")
+        second = await _call(raw, 2, "search_docs", {"query": "q"})
+        store = proxy.app[LEDGER].store
+        assert store is not None
+        ledgered = [e.tool for e in await store.list_entries()]
+    assert first["result"]["content"][0]["text"] == "3 results for 'q'"
     assert unknown_when_answered is None
     assert learned == {"readOnlyHint": True}
-    assert second.last["result"]["content"][0]["text"] == "3 results for 'q'"
+    assert second["result"]["content"][0]["text"] == "3 results for 'q'"
     assert ledgered == ["search_docs"]  # the first call only: the second was known read-only
 
 
@@ -139,23 +135,7 @@ async def test_the_time_spent_waiting_for_the_listing_counts_against_the_deadlin
     and the call ends as a call whose deadline ran out mid-flight (-32053, `unknown`: the tool
     was classified side-effecting by default), not as one that had its whole second after the
     listing gave up."""
-    with running_upstream() as upstream:
-        upstream.control(list_delay_s=60.0, methods=[])
-        upstreams = {"up": http_upstream("up", upstream.url)}
-        async with running_proxy(upstreams, tmp_path, read_only=False) as proxy:
-            raw = RawMcp(http, proxy.mcp_url("up"))
-            await raw.initialize()
-            answer = await raw.post(
-                {
-                    "jsonrpc": "2.0",
-                    "id": 1,
-                    "method": "tools/call",
-                    "params": {
-                        "name": "hold",
-                        "arguments": {"seconds": 0.8},
-                        "_meta": {"interlock/deadline-ms": 1000},
-                    },
-                }
-            )
-    assert answer.last["error"]["code"] == -32053, answer.last
-    assert answer.last["error"]["data"]["state"] == "unknown"
+    async with _slow_to_list(60.0, tmp_path, http) as (_, raw):
+        answer = await _call(raw, 1, "hold", {"seconds": 0.8}, deadline_ms=1000)
+    assert answer["error"]["code"] == -32053, answer
+    assert answer["error"]["data"]["state"] == "unknown"
