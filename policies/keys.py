@@ -11,6 +11,7 @@ none. Keys are scoped by tenant and upstream in the ledger, so an explicit key i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -67,7 +68,7 @@ def _arguments_utf8(arguments: Any) -> bytes:
 
 def _print_of(operation: str, arguments: bytes) -> str:
     """The fingerprint from the operation and the canonical text of the arguments (UTF-8)."""
-    return _object_hash({"operation": _utf8(_string_text(operation)), "arguments": arguments})
+    return _object_hash({"operation": _member_text(operation), "arguments": arguments})
 
 
 def _string_text(value: str | None) -> str:
@@ -75,15 +76,40 @@ def _string_text(value: str | None) -> str:
     return "null" if value is None else encode_basestring(unicodedata.normalize("NFC", value))
 
 
+@functools.lru_cache(maxsize=1024)
+def _member_text(value: str | None) -> bytes:
+    """`_string_text` as UTF-8, for the strings a key's context repeats call after call (the
+    tenant, upstream, tool, recipe and run id), each written once while it stays in use."""
+    return _utf8(_string_text(value))
+
+
+_NAME_TEXT: dict[str, bytes] = {}  # a member's name as written before its value: b'"name":'
+_LARGE_MEMBER = 4096  # a member this long is fed to the hash as it is, not copied
+
+
 def _object_hash(members: dict[str, bytes]) -> str:
     """The sha256 hex digest of an object's canonical text, fed to the hash from its members'
     canonical texts (UTF-8): the digest of `_dumps` of the whole object (names sorted, no spaces),
-    without writing megabytes of arguments out a second time. Names are ASCII, already in NFC."""
-    digest = hashlib.sha256(b"{")
+    without writing megabytes of arguments out a second time. Names are ASCII, already in NFC.
+    The small pieces are joined and hashed at once; a large member is hashed where it lies."""
+    digest = hashlib.sha256()
+    pieces = [b"{"]
     for index, name in enumerate(sorted(members)):
-        digest.update(b'%s"%s":' % (b"," if index else b"", name.encode()))
-        digest.update(members[name])
-    digest.update(b"}")
+        if index:
+            pieces.append(b",")
+        written = _NAME_TEXT.get(name)
+        if written is None:
+            written = _NAME_TEXT[name] = b'"%s":' % name.encode()
+        pieces.append(written)
+        value = members[name]
+        if len(value) >= _LARGE_MEMBER:
+            digest.update(b"".join(pieces))
+            digest.update(value)
+            pieces.clear()
+        else:
+            pieces.append(value)
+    pieces.append(b"}")
+    digest.update(b"".join(pieces))
     return digest.hexdigest()
 
 
@@ -154,8 +180,8 @@ def decide_key(
     if recipe.mode in ("none", "explicit"):
         return KeyDecision(None, "none", arguments_print)
     context = {"recipe": recipe.mode, "tenant": tenant, "upstream": upstream, "tool": operation}
-    members = {name: _utf8(_string_text(value)) for name, value in context.items()}
-    members["run_id"] = _utf8(_string_text(run_id))
+    members = {name: _member_text(value) for name, value in context.items()}
+    members["run_id"] = _member_text(run_id)
     if recipe.mode == "fields":
         args = {} if arguments is None else arguments
         picked = {name: pick_field(args, name) for name in recipe.fields}

@@ -250,6 +250,16 @@ def test_fields_key_is_the_hash_of_its_canonical_document(value: dict[str, Any])
     assert decision.key == _whole_document_key(picked, recipe="fields")
 
 
+@pytest.mark.parametrize("size", [4080, 4083, 4084, 4085, 4090, 8192])
+def test_arguments_around_the_size_hashed_in_place_keep_their_key(size: int) -> None:
+    """Arguments whose canonical text is just under, at and over the length the hash takes
+    in place (4,096 bytes: `{"body":"…"}` adds 11) give the key and fingerprint of their whole
+    document, whether they were joined with the other members or hashed where they lie."""
+    arguments = {"body": "x" * size}
+    assert fingerprint("op", arguments) == _digest({"operation": "op", "arguments": arguments})
+    assert _key(KeyRecipe("derived"), arguments) == _whole_document_key(arguments)
+
+
 def test_every_character_is_written_as_the_canonical_form_writes_it() -> None:
     """Strings hash as the standard library writes them, whichever encoder writes them: every
     code point (but the surrogates JSON text cannot carry), as a key and as a value."""
