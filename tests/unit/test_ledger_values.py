@@ -6,6 +6,7 @@ import base64
 import dataclasses
 import hashlib
 import json
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -238,3 +239,24 @@ def test_entry_ids_made_in_one_millisecond_sort_in_the_order_they_were_made() ->
     assert earlier < made[0]
     next_one = new_entry_id(now)  # the millisecond again, after another one: still after them
     assert next_one > made[-1]
+
+
+def test_a_forked_process_never_makes_the_random_part_its_parent_makes() -> None:
+    """Ids take their random bits from bytes drawn a few thousand at a time: a process forked
+    with some of them left draws its own, so parent and child never make the same random part
+    (nor, in the same millisecond, the same id)."""
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    new_entry_id(now)  # the parent holds drawn bytes not used yet
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child process
+        os.write(write_end, new_entry_id(now).encode())
+        os._exit(0)
+    os.close(write_end)
+    parent_made = new_entry_id(now)
+    _, status = os.waitpid(child, 0)
+    child_made = os.read(read_end, 64).decode()
+    os.close(read_end)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert len(child_made) == 32
+    assert child_made[-16:] != parent_made[-16:]
