@@ -78,9 +78,11 @@ class _Instruments:
 
         # Attribute mappings built once and shared (never mutated), cleared with the instruments.
         self.upstream_attrs: dict[str, Mapping[str, str]] = {}
-        # The per-call recorders (an admission decision, queue wait, first byte, operation
-        # duration) keep each label set's key or live series instead: no mapping per call.
+        # The per-call recorders (an admission decision, a claim's outcome, queue wait, first
+        # byte, operation duration) keep each label set's key or live series instead: no
+        # mapping per call.
         self.decision_keys: dict[tuple[str, str, str | None], LabelKey] = {}
+        self.outcome_keys: dict[tuple[str, str], LabelKey] = {}
         self.queue_wait_series: dict[tuple[str, str], list[float]] = {}
         self.first_byte_series: dict[str, list[float]] = {}
         self.duration_series: dict[tuple[str | None, ...], list[float]] = {}
@@ -333,7 +335,13 @@ def cooldown_started(upstream: str) -> None:
 
 def idempotency_outcome(outcome: str, upstream: str) -> None:
     """A ledger claim's outcome: new | replayed | in_progress | mismatch | needs_reconciliation."""
-    _instruments.outcomes.add(1, {"outcome": outcome, "upstream": _upstream(upstream)})
+    key = (outcome, upstream)
+    keys = _instruments.outcome_keys
+    _instruments.outcomes.add_to(keys.get(key) or _made(keys, key, _outcome_key, *key), 1)
+
+
+def _outcome_key(outcome: str, upstream: str) -> LabelKey:
+    return label_key({"outcome": outcome, "upstream": _upstream(upstream)})
 
 
 def first_byte(upstream: str, seconds: float) -> None:
