@@ -22,7 +22,8 @@ learned. The application's cleanup ends a listing still running."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import contextvars
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -62,7 +63,7 @@ ParamHeaders = dict[tuple[str, ...], str]
 @dataclass
 class ToolCatalog:
     """Per upstream and tool: annotations and header-mirrored arguments; when each upstream's
-    tools were last listed by the proxy itself, one lock per upstream."""
+    tools were last listed by the proxy itself, and the listing running for it, if any."""
 
     annotations: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     param_headers: dict[str, dict[str, ParamHeaders]] = field(default_factory=dict)
@@ -181,12 +182,24 @@ async def learn_annotations(app: web.Application, spec: UpstreamSpec, *, wait_s:
         if last is not None and time.monotonic() - last < _REFRESH_S:
             return
         learning.attempts[spec.name] = time.monotonic()
-        listing = asyncio.create_task(_list_tools(app, spec), name=f"list-tools-{spec.name}")
+        listing = asyncio.create_task(
+            _list_tools(app, spec),
+            name=f"list-tools-{spec.name}",
+            context=contextvars.Context(),  # the upstream's, not the first caller's (its trace)
+        )
         learning.listings[spec.name] = listing
-        listing.add_done_callback(lambda _: learning.listings.pop(spec.name, None))
+        listing.add_done_callback(functools.partial(_listed, learning, spec.name))
     if wait_s > 0:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(listing), wait_s)
+        # Neither the wait running out nor the listing's own end (cancelled by the cleanup, say)
+        # reaches the call as an error; a cancellation of the call itself does.
+        await asyncio.wait({listing}, timeout=wait_s)
+
+
+def _listed(learning: ToolCatalog, upstream: str, listing: asyncio.Task[None]) -> None:
+    if learning.listings.get(upstream) is listing:
+        del learning.listings[upstream]
+    if not listing.cancelled() and (error := listing.exception()) is not None:
+        log.warning("%s: listing tools failed: %r", upstream, error)  # not an Exception
 
 
 async def _list_tools(app: web.Application, spec: UpstreamSpec) -> None:

@@ -103,17 +103,19 @@ async def _read_pages(child: asyncio.subprocess.Process, settings: bytes, on_pag
 
 
 async def _stop(child: asyncio.subprocess.Process) -> None:
-    """End the child if it still runs: SIGTERM (it closes what it opened), then SIGKILL."""
+    """End the child if it still runs: SIGTERM (it closes what it opened), then SIGKILL, after
+    `_STOP_S` or at once when this wait is cancelled (the child is never left running)."""
     if child.returncode is not None:
         return
     with contextlib.suppress(ProcessLookupError):
         child.terminate()
     try:
-        await asyncio.wait_for(asyncio.shield(child.wait()), _STOP_S)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            child.kill()
-        await child.wait()
+        await asyncio.wait({asyncio.ensure_future(child.wait())}, timeout=_STOP_S)
+    finally:
+        if child.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+            await child.wait()
 
 
 async def list_tools_here(spec: UpstreamSpec, request_timeout_s: float, on_page: OnPage) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from policies.model import UpstreamSpec
+from proxy.mcp import tool_listing
 from proxy.mcp.tool_listing import list_tools_here, list_tools_in_child
 from tests.acceptance.test_proxy_crash import _free_port
 from tests.integration.mcp_servers import REPO_ROOT, running_upstream, stdio_command
@@ -80,3 +81,24 @@ async def test_a_listing_out_of_time_ends_its_child_and_the_server_it_started(
             await _listed(spec, 30.0)
     server = int(pid_file.read_text())
     await wait_until(lambda: not _alive(server), timeout_s=10)
+
+
+async def test_a_child_being_stopped_is_killed_even_when_the_stop_is_cancelled() -> None:
+    """Stopping a listing's child sends SIGTERM and waits for it to close what it opened; a
+    cancellation during that wait (the application's cleanup ending the listing just as the
+    listing's own time runs out) still kills a child that has not ended, never leaves it."""
+    ignores_sigterm = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(60)"
+    )
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", ignores_sigterm, stdout=asyncio.subprocess.PIPE
+    )
+    assert child.stdout is not None
+    await child.stdout.readline()
+    stopping = asyncio.create_task(tool_listing._stop(child))
+    await asyncio.sleep(0.3)  # SIGTERM sent and ignored: it waits for the child
+    stopping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    assert child.returncode is not None
