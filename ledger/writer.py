@@ -187,10 +187,13 @@ class GroupCommitWriter:
         await self._drop_connection()  # a writer that died may have left one mid-transaction
         stopping = False
         while not stopping:
+            waited = self._queue.empty()
             item = await self._queue.get()
             try:
-                # Let callers whose previous write just committed enqueue their next one first.
-                await asyncio.sleep(0)
+                # Let callers whose previous write just committed enqueue their next one first
+                # (a writer that waited for this write has let every one of them run already).
+                if not waited:
+                    await asyncio.sleep(0)
                 if item is not None and self._delay_s and not self._gathered():
                     await self._gather()
             except BaseException:
