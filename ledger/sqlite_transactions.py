@@ -46,7 +46,10 @@ class SQLiteTransactions:
             LostRace: another transaction committed one of the new keys first.
             TransactionFailed: the database (or the driver) refused; nothing to acknowledge.
         """
-        return await self._on_thread(self._transaction, ops)
+        worker = self._worker  # straight to the thread: this runs for every batch
+        if worker is None:
+            raise LedgerUnavailable("the ledger store is closed")
+        return await worker.run(self._transaction, ops)
 
     async def drop(self) -> None:
         """Close the connection (a new one is opened by the next batch)."""

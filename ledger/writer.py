@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -93,7 +94,10 @@ class GroupCommitWriter:
         self._delay_s = commit_delay_s
         self._in_flight = in_flight
         self._gathering: asyncio.Future[None] | None = None
-        self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
+        # The writes waiting for a batch (None: close), and the future the writer waits on
+        # while there are none: a deque and one future, not an asyncio.Queue's Python layers.
+        self._queue: deque[_Pending | None] = deque()
+        self._arrival: asyncio.Future[None] | None = None
         self._closed = False
         self._transactions = transactions
         self._batches = 0
@@ -132,7 +136,7 @@ class GroupCommitWriter:
             self._restarts += 1
             _log.error("ledger writer restarted (it had stopped)")
             self._task = self._start()
-        self._queue.put_nowait(_Pending(op, future))
+        self._push(_Pending(op, future))
         if self._gathering is not None and self._gathered():
             self._wake()
         return future
@@ -151,7 +155,7 @@ class GroupCommitWriter:
         """Commit what is queued, then stop: release the connection and the worker thread."""
         if not self._closed:
             self._closed = True
-            self._queue.put_nowait(None)
+            self._push(None)
             self._wake()
         try:
             if not self._task.done():
@@ -178,8 +182,8 @@ class GroupCommitWriter:
         self._fail_queued(LedgerUnavailable(why))
 
     def _fail_queued(self, error: LedgerUnavailable) -> None:
-        while not self._queue.empty():
-            item = self._queue.get_nowait()
+        while self._queue:
+            item = self._queue.popleft()
             if item is not None:
                 _fail([item], error)
 
@@ -187,8 +191,8 @@ class GroupCommitWriter:
         await self._drop_connection()  # a writer that died may have left one mid-transaction
         stopping = False
         while not stopping:
-            waited = self._queue.empty()
-            item = await self._queue.get()
+            waited = not self._queue
+            item = await self._next()
             try:
                 # Let callers whose previous write just committed enqueue their next one first
                 # (a writer that waited for this write has let every one of them run already).
@@ -204,12 +208,28 @@ class GroupCommitWriter:
             while item is not None:
                 if not item.future.cancelled():
                     batch.append(item)
-                if len(batch) >= self._max_batch or self._queue.empty():
+                if len(batch) >= self._max_batch or not self._queue:
                     break
-                item = self._queue.get_nowait()
+                item = self._queue.popleft()
             stopping = item is None
             if batch:
                 await self._commit_guarded(batch)
+
+    def _push(self, item: _Pending | None) -> None:
+        self._queue.append(item)
+        arrival = self._arrival
+        if arrival is not None and not arrival.done():
+            arrival.set_result(None)
+
+    async def _next(self) -> _Pending | None:
+        """The oldest queued write, once there is one."""
+        while not self._queue:
+            self._arrival = asyncio.get_running_loop().create_future()
+            try:
+                await self._arrival
+            finally:
+                self._arrival = None
+        return self._queue.popleft()
 
     def _gathered(self) -> bool:
         """Whether the batch should begin now: the writer is closing, no call in flight has a
@@ -218,7 +238,7 @@ class GroupCommitWriter:
             self._closed
             or self._in_flight is None
             or self._in_flight() == 0
-            or self._queue.qsize() + 1 >= self._max_batch
+            or len(self._queue) + 1 >= self._max_batch
         )
 
     async def _gather(self) -> None:
