@@ -209,7 +209,7 @@ MUTANTS = (
         module="policies.keys",
         edits=(
             (
-                '    return _object_hash({"operation": _utf8(_string_text(operation)), '
+                '    return _object_hash({"operation": _member_text(operation), '
                 '"arguments": arguments})',
                 '    return _object_hash({"arguments": arguments})',
             ),
