@@ -278,7 +278,10 @@ _random = bytearray()  # random bytes not yet used by an id (taken from the end)
 
 
 def _forget_random() -> None:
-    """A forked child must not make the ids its parent makes next from the same bytes."""
+    """A forked child must not make the ids its parent makes next from the same bytes (nor find
+    the ids' lock held by a thread that was not forked with it)."""
+    global _ids
+    _ids = threading.Lock()
     _random.clear()
     _last_count.clear()
 

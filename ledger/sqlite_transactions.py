@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -46,10 +46,7 @@ class SQLiteTransactions:
             LostRace: another transaction committed one of the new keys first.
             TransactionFailed: the database (or the driver) refused; nothing to acknowledge.
         """
-        worker = self._worker  # straight to the thread: this runs for every batch
-        if worker is None:
-            raise LedgerUnavailable("the ledger store is closed")
-        return await worker.run(self._transaction, ops)
+        return await self._on_thread(self._transaction, ops)
 
     async def drop(self) -> None:
         """Close the connection (a new one is opened by the next batch)."""
@@ -62,10 +59,12 @@ class SQLiteTransactions:
         if worker is not None:
             worker.stop()
 
-    async def _on_thread(self, fn: Callable[..., T], *args: Any) -> T:
+    def _on_thread(self, fn: Callable[..., T], *args: Any) -> Coroutine[Any, Any, T]:
+        """The thread's run of `fn(*args)`, to await (a plain function: no coroutine layer of
+        its own between every batch and the thread)."""
         if self._worker is None:
             raise LedgerUnavailable("the ledger store is closed")
-        return await self._worker.run(fn, *args)
+        return self._worker.run(fn, *args)
 
     def _transaction(self, ops: list[Operation[Any]]) -> list[object]:
         if self._conn is not None and self._conn.in_transaction:
