@@ -24,7 +24,7 @@ from tests.integration.mcp_proxy_harness import (
     running_proxy,
     stdio_upstream,
 )
-from tests.integration.mcp_servers import running_upstream
+from tests.integration.mcp_servers import RunningUpstream, running_upstream
 from tests.integration.sentinel import Sentinel
 
 http = mcp_proxy_harness.http
@@ -35,16 +35,16 @@ DOWN = LedgerSettings(url="postgresql+asyncpg://postgres@127.0.0.1:9/none")
 @contextlib.asynccontextmanager
 async def _slow_to_list(
     list_delay_s: float, folder: Path, http: aiohttp.ClientSession
-) -> AsyncIterator[tuple[RunningProxy, RawMcp]]:
+) -> AsyncIterator[tuple[RunningProxy, RawMcp, RunningUpstream]]:
     """A proxy (side effects allowed) before a real HTTP upstream that holds every `tools/list`
-    for `list_delay_s`, and an initialized client session on it."""
+    for `list_delay_s`, an initialized client session on it, and the upstream."""
     with running_upstream() as upstream:
         upstream.control(list_delay_s=list_delay_s, methods=[])
         upstreams = {"up": http_upstream("up", upstream.url)}
         async with running_proxy(upstreams, folder, read_only=False) as proxy:
             raw = RawMcp(http, proxy.mcp_url("up"))
             await raw.initialize()
-            yield proxy, raw
+            yield proxy, raw, upstream
 
 
 async def _call(
@@ -107,7 +107,7 @@ async def test_a_call_waits_for_the_listing_only_within_its_own_deadline(
     deadline, then runs classified by the default (side-effecting: it is ledgered) and is
     answered while the listing still runs; the listing is not abandoned with it, and the next
     call finds the tool read-only."""
-    async with _slow_to_list(2.0, tmp_path, http) as (proxy, raw):
+    async with _slow_to_list(2.0, tmp_path, http) as (proxy, raw, _):
         async with asyncio.timeout(10):
             first = await _call(raw, 1, "search_docs", {"query": "q"}, deadline_ms=1000)
         unknown_when_answered = tool_annotations(proxy.app, "up", "search_docs")
@@ -135,7 +135,10 @@ async def test_the_time_spent_waiting_for_the_listing_counts_against_the_deadlin
     and the call ends as a call whose deadline ran out mid-flight (-32053, `unknown`: the tool
     was classified side-effecting by default), not as one that had its whole second after the
     listing gave up."""
-    async with _slow_to_list(60.0, tmp_path, http) as (_, raw):
+    async with _slow_to_list(60.0, tmp_path, http) as (_, raw, upstream):
         answer = await _call(raw, 1, "hold", {"seconds": 0.8}, deadline_ms=1000)
+        await asyncio.sleep(1.0)  # a blind retry would have reached the upstream by now
+        held = upstream.stats()["calls"]["hold"]
     assert answer["error"]["code"] == -32053, answer
     assert answer["error"]["data"]["state"] == "unknown"
+    assert held == 1  # sent once: an unknown outcome is never retried by the proxy
