@@ -34,6 +34,7 @@ from aiohttp import web
 
 from policies.model import UpstreamSpec
 from proxy.mcp.tool_listing import list_tools_in_child
+from proxy.mcp.wire.param_headers import ParamHeaders, declared
 
 __all__ = [
     "CATALOG",
@@ -54,10 +55,6 @@ _REFRESH_S = 60.0
 _TIMEOUT_S = 3.0
 _STDIO_TIMEOUT_S = 10.0  # a stdio listing starts the server's process first
 _CHILD_START_S = 5.0  # the listing's child process loads the SDK first (~0.6 s on an idle host)
-
-
-ParamHeaders = dict[tuple[str, ...], str]
-"""A tool's argument path → its `Mcp-Param-*` header token."""
 
 
 @dataclass
@@ -138,36 +135,13 @@ def learn_tools(app: web.Application, upstream: str, result: Mapping[str, Any]) 
         else:
             tasks.pop(name, None)
         schema = tool.get("inputSchema")
-        header_map = _header_map(schema) if isinstance(schema, dict) else None
+        header_map = declared(schema) if isinstance(schema, dict) else None
         if header_map:
             params[name] = header_map
         elif header_map is not None:
             params.pop(name, None)
         learned += 1
     return learned
-
-
-def _mentions(value: Any, key: str) -> bool:
-    if isinstance(value, dict):
-        return key in value or any(_mentions(v, key) for v in value.values())
-    if isinstance(value, list):
-        return any(_mentions(v, key) for v in value)
-    return False
-
-
-def _header_map(schema: dict[str, Any]) -> ParamHeaders | None:
-    """The schema's header-mirrored arguments ({} if none; None if its annotations are invalid).
-
-    The SDK's reader is loaded only for a schema that has `x-mcp-header` somewhere: importing the
-    SDK costs the process ~30 MB it otherwise never needs.
-    """
-    if not _mentions(schema, "x-mcp-header"):
-        return {}
-    from mcp.shared.inbound import find_invalid_x_mcp_header, x_mcp_header_map
-
-    if find_invalid_x_mcp_header(schema) is not None:
-        return None
-    return x_mcp_header_map(schema)
 
 
 async def learn_annotations(app: web.Application, spec: UpstreamSpec, *, wait_s: float) -> None:

@@ -124,3 +124,42 @@ def test_what_a_sqlite_proxy_does_all_day_never_loads_the_query_toolkit(tmp_path
     the stdlib driver."""
     loaded = _loaded_by(_EVERY_DAY % tmp_path)
     assert loaded == "", f"loaded for a SQLite ledger: {loaded[:300]}"
+
+
+_HEADER_RULE = textwrap.dedent(
+    """
+    import pathlib, sys
+    from proxy.app import create_app
+    from proxy.mcp.catalog import learn_tools, param_headers
+    from proxy.mcp.wire.headers import modern_routing_headers
+    from proxy.ops.config_child import load_config_in_child  # as `interlock serve` reads it
+
+    path = pathlib.Path(%r) / "interlock.yaml"
+    path.write_text('''
+    listen: "127.0.0.1:1"
+    upstreams:
+      up: {mcp: "http://127.0.0.1:9/mcp"}
+    ''')
+    app = create_app(load_config_in_child(path))
+    region = {"type": "string", "x-mcp-header": "Region"}
+    schema = {"type": "object", "properties": {"region": region}}
+    assert learn_tools(app, "up", {"tools": [{"name": "find", "inputSchema": schema}]}) == 1
+    header_map = param_headers(app, "up")["find"]
+    original = {"method": "tools/call", "params": {"name": "find", "arguments": {"region": "eu"}}}
+    changed = {"method": "tools/call", "params": {"name": "find", "arguments": {"region": "é"}}}
+    rebuilt = modern_routing_headers({"mcp-param-region": "eu"}, original, changed, header_map)
+    assert rebuilt["mcp-param-region"] == "=?base64?w6k=?=", rebuilt
+    heavy = ("mcp", "mcp_types", "pydantic", "pydantic_core")
+    print(",".join(sorted(m for m in sys.modules if m.split(".")[0] in heavy)))
+    """
+)
+
+
+def test_a_tool_whose_schema_mirrors_arguments_into_headers_never_loads_the_sdk(
+    tmp_path: Path,
+) -> None:
+    """Learning a schema with `x-mcp-header` and rebuilding a changed call's `Mcp-Param-*`
+    headers use Interlock's own codec: the SDK (with pydantic, about 55 MB) stays out of a
+    sidecar whose idle footprint is under 60 MB (issue 13)."""
+    loaded = _loaded_by(_HEADER_RULE % str(tmp_path))
+    assert loaded == "", f"loaded for the x-mcp-header rule: {loaded[:300]}"

@@ -20,6 +20,8 @@ from typing import Any
 
 from multidict import CIMultiDict
 
+from proxy.mcp.wire.param_headers import NAME_BEARING, PARAM_PREFIX, encode, mirrored
+
 __all__ = [
     "HANDSHAKE_PROTOCOL_VERSIONS",
     "MCP_METHOD_HEADER",
@@ -36,12 +38,12 @@ __all__ = [
 
 MCP_SESSION_ID_HEADER = "mcp-session-id"
 # The MCP specification's transport names (the SDK's `mcp.shared.inbound` has the same; importing
-# it loads the whole SDK, ~30 MB, so the request path keeps its own copy of the names).
+# it loads the whole SDK, ~55 MB, so the proxy keeps its own copy: `proxy.mcp.wire.param_headers`).
 # tests/unit/test_jsonrpc.py checks they agree with the SDK.
 MCP_PROTOCOL_VERSION_HEADER = "mcp-protocol-version"
 MCP_METHOD_HEADER = "mcp-method"
 MCP_NAME_HEADER = "mcp-name"
-MCP_PARAM_HEADER_PREFIX = "Mcp-Param-"
+MCP_PARAM_HEADER_PREFIX = PARAM_PREFIX
 HANDSHAKE_PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 """The protocol versions of the handshake (session) era; any other version is stateless-era."""
 _PARAM_PREFIX = MCP_PARAM_HEADER_PREFIX.lower()
@@ -129,27 +131,21 @@ def modern_routing_headers(
     `Mcp-Param-*` headers stay; when they changed they are rebuilt from the tool's schema
     (`param_header_map`, learned from `tools/list`), or dropped if the schema is unknown.
     """
-    # Loaded on first use: only a modern request whose routing changed (`routing_changed`)
-    # needs the SDK's codec (tens of MB once imported).
-    from mcp.shared.inbound import NAME_BEARING_METHODS, encode_header_value, mcp_param_headers
-
     out = dict(headers)
     method = message.get("method")
     params = _params(message)
     if isinstance(method, str):
         out[MCP_METHOD_HEADER] = method
-    name_key = NAME_BEARING_METHODS.get(method) if isinstance(method, str) else None
+    name_key = NAME_BEARING.get(method) if isinstance(method, str) else None
     if name_key is not None and isinstance(params.get(name_key), str):
-        out[MCP_NAME_HEADER] = encode_header_value(params[name_key])
+        out[MCP_NAME_HEADER] = encode(params[name_key])
     before = _params(original)
     arguments = params.get("arguments")
     if arguments != before.get("arguments"):
         for name in [n for n in out if n.lower().startswith(_PARAM_PREFIX)]:
             del out[name]
         if param_header_map and isinstance(arguments, dict):
-            out.update(
-                {k.lower(): v for k, v in mcp_param_headers(param_header_map, arguments).items()}
-            )
+            out.update({k.lower(): v for k, v in mirrored(param_header_map, arguments).items()})
     return out
 
 
