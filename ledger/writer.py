@@ -177,6 +177,11 @@ class GroupCommitWriter:
             return
         else:
             why = "the ledger writer stopped"
+        if task is not self._task:
+            # A write made since (a caller the dead writer had failed, writing again at once)
+            # started a new writer, which holds the queue now: nothing here is stranded.
+            _log.error("%s; a new writer has taken over the waiting writes", why)
+            return
         if not self._closed:
             _log.error("%s; waiting writes fail, the next write starts a new writer", why)
         self._fail_queued(LedgerUnavailable(why))
@@ -200,9 +205,9 @@ class GroupCommitWriter:
                     await asyncio.sleep(0)
                 if item is not None and self._delay_s and not self._gathered():
                     await self._gather()
-            except BaseException:
+            except BaseException as error:
                 if item is not None:
-                    _fail([item], LedgerUnavailable("the ledger writer was cancelled"))
+                    _fail([item], LedgerUnavailable(_death(error)))
                 raise
             batch: list[_Pending] = []
             while item is not None:
@@ -327,6 +332,12 @@ class GroupCommitWriter:
 
     async def _drop_connection(self) -> None:
         await self._transactions.drop()
+
+
+def _death(error: BaseException) -> str:
+    if isinstance(error, asyncio.CancelledError):
+        return "the ledger writer was cancelled"
+    return f"the ledger writer died: {error!r}"
 
 
 def _fail(batch: list[_Pending], error: LedgerUnavailable) -> None:

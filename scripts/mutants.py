@@ -356,8 +356,7 @@ MUTANTS = (
         edits=(
             (
                 "                if item is not None:\n"
-                "                    _fail([item], "
-                'LedgerUnavailable("the ledger writer was cancelled"))\n',
+                "                    _fail([item], LedgerUnavailable(_death(error)))\n",
                 "",
             ),
         ),
@@ -366,6 +365,17 @@ MUTANTS = (
             "test_a_write_held_by_a_writer_that_dies_fails_instead_of_waiting_forever",
         ),
         why="a side-effecting call waits for its claim forever: never forwarded, never answered",
+    ),
+    Mutant(
+        name="a dead writer's clean-up fails the writes of the writer that replaced it",
+        path="ledger/writer.py",
+        module="ledger.writer",
+        edits=(("        if task is not self._task:\n", "        if False:\n"),),
+        tests=(
+            "tests/integration/test_ledger_faults.py::"
+            "test_a_write_made_as_soon_as_the_writer_died_runs_on_the_new_writer",
+        ),
+        why="a caller that writes again at once after the writer died is refused a second time",
     ),
     Mutant(
         name="the admission fast path counts every running call as critical",

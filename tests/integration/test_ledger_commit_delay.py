@@ -143,6 +143,28 @@ async def test_a_write_held_by_a_writer_that_dies_fails_instead_of_waiting_forev
         await store.close()
 
 
+async def test_a_write_held_by_a_writer_that_dies_of_an_error_is_told_that_error(
+    ledger_settings: LedgerSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer dies of a bug while it holds a write (here the count of calls in flight
+    raises): the held write's error names that bug, as the queued writes' do, not a
+    cancellation that never happened."""
+    store = await _open(ledger_settings, _LONG_MS)
+    try:
+        await store.claim(claim_request("keeps-it-waiting"))
+
+        def broken() -> int:
+            raise RuntimeError("count bug")
+
+        monkeypatch.setattr(store._writer, "_in_flight", broken)
+        held = asyncio.create_task(store.claim(claim_request("held-when-it-dies")))
+        with pytest.raises(LedgerUnavailable, match=r"died: RuntimeError\('count bug'\)"):
+            await asyncio.wait_for(held, _BOUND_S)
+    finally:
+        monkeypatch.undo()
+        await store.close()
+
+
 @pytest.mark.parametrize("value", ["-1", "1001", '"soon"'])
 def test_a_commit_delay_out_of_range_is_refused_by_name(value: str) -> None:
     with pytest.raises(ConfigError, match="commit_delay_ms"):

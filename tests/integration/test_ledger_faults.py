@@ -15,7 +15,15 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from ledger import EntryState, LedgerStore, LedgerUnavailable, pg_sql, sqlite_connect, sqlite_sql
+from ledger import (
+    ClaimResult,
+    EntryState,
+    LedgerStore,
+    LedgerUnavailable,
+    pg_sql,
+    sqlite_connect,
+    sqlite_sql,
+)
 from ledger.db import open_engines
 from policies.model import LedgerSettings
 from tests import ledger_fixtures
@@ -231,6 +239,42 @@ async def test_a_writer_that_dies_fails_waiting_writes_and_is_restarted(
     after = await asyncio.wait_for(ledger_store.claim(claim_request("after")), _DEADLINE_S)
     assert after.kind == "new"
     assert ledger_store.writer_restarts == 1
+
+
+async def test_a_write_made_as_soon_as_the_writer_died_runs_on_the_new_writer(
+    ledger_store: LedgerStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer dies with a batch in hand; its caller, told LedgerUnavailable, writes again at
+    once (in the same step). That write starts a new writer and is committed there: the dead
+    writer's clean-up, which runs a turn later, must not fail it too."""
+    writer = ledger_store._writer
+    run_batch = writer._run_batch
+    in_hand = asyncio.Event()
+
+    async def held_once(ops: list[Any]) -> list[object]:
+        if in_hand.is_set():
+            return await run_batch(ops)
+        in_hand.set()
+        await asyncio.Event().wait()  # until the writer is cancelled
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(writer, "_run_batch", held_once)
+
+    async def claim_then_retry() -> tuple[str, ClaimResult]:
+        try:
+            return "first", await ledger_store.claim(claim_request("first"))
+        except LedgerUnavailable:
+            return "retry", await ledger_store.claim(claim_request("retry"))
+
+    caller = asyncio.create_task(claim_then_retry())
+    await asyncio.wait_for(in_hand.wait(), _DEADLINE_S)
+    (task,) = [t for t in asyncio.all_tasks() if t.get_name() == "ledger-group-commit"]
+    task.cancel()
+    which, result = await asyncio.wait_for(caller, _DEADLINE_S)
+    assert (which, result.kind) == ("retry", "new")
+    assert ledger_store.writer_restarts == 1
+    entry, _ = await ledger_store.get(result.entry.id)
+    assert entry.state == EntryState.RUNNING
 
 
 @pytest.mark.parametrize(("durability", "expected"), [("full", 2), ("normal", 1)])
