@@ -108,6 +108,9 @@ class BackgroundFinishes:
 
     def __init__(self) -> None:
         self._pending: dict[asyncio.Future[EntryView], str] = {}  # each with its name for logs
+        # The finishes whose first try is still with the writer (it commits them as it closes).
+        self._first: dict[asyncio.Future[EntryView], asyncio.Future[EntryView]] = {}
+        self._drained = False
 
     def start_after(
         self,
@@ -130,8 +133,18 @@ class BackgroundFinishes:
             settle_as(finished, source)
 
         def first_done(tried: asyncio.Future[EntryView]) -> None:
+            self._first.pop(finished, None)
             error = None if tried.cancelled() else tried.exception()
             if not isinstance(error, LedgerUnavailable):
+                settle(tried)
+                return
+            if self._drained:  # the store is closing: no retry may outlive it
+                log.error(
+                    "entry %s: outcome NOT recorded at shutdown (%s); its lease lapses and it "
+                    "becomes unknown: reconcile it",
+                    entry_id,
+                    error,
+                )
                 settle(tried)
                 return
             retrying = retry_finish(attempt, landed, entry_id=entry_id, until=until, failed=error)
@@ -143,6 +156,7 @@ class BackgroundFinishes:
 
         name = f"ledger-finish-{entry_id}"
         self._hold(finished, name)
+        self._first[finished] = first
         first.add_done_callback(first_done)
         return finished
 
@@ -156,13 +170,15 @@ class BackgroundFinishes:
             task.exception()  # retrieved: a caller that stopped waiting was answered already
 
     async def drain(self, timeout_s: float) -> None:
-        """Wait up to `timeout_s` for the finishes not yet landed (first tries still queued,
-        retries); cancel those left."""
-        if not self._pending:
-            return
-        await asyncio.wait(set(self._pending), timeout=timeout_s)
+        """Wait up to `timeout_s` for the finishes not yet landed (first tries still with the
+        writer, retries); then cancel the retries left. A first try still with the writer is
+        left to it: the writer's close commits it (or fails it, which is then logged), and no
+        retry starts after this."""
+        if self._pending:
+            await asyncio.wait(set(self._pending), timeout=timeout_s)
+        self._drained = True
         # what is pending now: a retry that began during the wait stands for its finish
         for late, name in list(self._pending.items()):
-            if not late.done():
+            if not late.done() and late not in self._first:
                 log.error("%s: cancelled at shutdown before its outcome was recorded", name)
                 late.cancel()

@@ -378,6 +378,22 @@ MUTANTS = (
         why="a caller that writes again at once after the writer died is refused a second time",
     ),
     Mutant(
+        name="shutdown calls an outcome lost while the closing writer still commits it",
+        path="ledger/finishing.py",
+        module="ledger.finishing",
+        edits=(
+            (
+                "            if not late.done() and late not in self._first:\n",
+                "            if not late.done():\n",
+            ),
+        ),
+        tests=(
+            "tests/integration/test_ledger_faults.py::"
+            "test_an_outcome_still_being_written_at_shutdown_lands_and_is_not_called_lost",
+        ),
+        why="an SRE reads ERROR 'outcome not recorded' for an entry that is succeeded",
+    ),
+    Mutant(
         name="the admission fast path counts every running call as critical",
         path="policies/admission.py",
         module="policies.admission",

@@ -24,6 +24,7 @@ from ledger import (
     sqlite_connect,
     sqlite_sql,
 )
+from ledger import store as store_module
 from ledger.db import open_engines
 from policies.model import LedgerSettings
 from tests import ledger_fixtures
@@ -275,6 +276,71 @@ async def test_a_write_made_as_soon_as_the_writer_died_runs_on_the_new_writer(
     assert ledger_store.writer_restarts == 1
     entry, _ = await ledger_store.get(result.entry.id)
     assert entry.state == EntryState.RUNNING
+
+
+@only_sqlite
+async def test_an_outcome_still_being_written_at_shutdown_lands_and_is_not_called_lost(
+    ledger_settings: LedgerSettings,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Shutdown stops waiting for background finishes (0.2 s here) while one's first try is
+    still with the writer (another process holds the write lock for 1 s). The writer's close
+    commits it: the entry ends succeeded, its caller gets the entry, and no ERROR says that
+    outcome was not recorded."""
+    monkeypatch.setattr(store_module, "_FINISH_DRAIN_S", 0.2)
+    store = await LedgerStore.open(ledger_settings, owner="r")
+    claimed = (await store.claim(claim_request("late"))).entry
+    loop = asyncio.get_running_loop()
+    async with sqlite_write_lock_in_another_process(ledger_settings.url) as release:
+        finishing = store.finish_in_background(
+            claimed.id,
+            claimed.fencing_token,
+            state="succeeded",
+            outcome=b"ok",
+            until=loop.time() + 30,
+        )
+        loop.call_later(1.0, release)
+        await asyncio.wait_for(store.close(), _DEADLINE_S)
+    assert (await finishing).state == EntryState.SUCCEEDED
+    assert "cancelled at shutdown" not in caplog.text
+    assert "NOT recorded" not in caplog.text
+    reopened = await LedgerStore.open(ledger_settings, owner="r")
+    try:
+        entry, _ = await reopened.get(claimed.id)
+        assert entry.state == EntryState.SUCCEEDED
+    finally:
+        await reopened.close()
+
+
+@only_sqlite
+async def test_an_outcome_the_closing_writer_cannot_write_is_logged_and_never_retried_after(
+    ledger_settings: LedgerSettings,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The write lock is held through the whole shutdown: the finish's first try fails as the
+    writer closes. It is logged at ERROR with its entry id (its lease lapses: unknown), and no
+    retry outlives the closed store."""
+    monkeypatch.setattr(store_module, "_FINISH_DRAIN_S", 0.2)
+    monkeypatch.setattr(sqlite_connect, "BUSY_TIMEOUT_MS", 100)
+    store = await LedgerStore.open(ledger_settings, owner="r")
+    claimed = (await store.claim(claim_request("lost"))).entry
+    loop = asyncio.get_running_loop()
+    async with sqlite_write_lock_in_another_process(ledger_settings.url) as release:
+        finishing = store.finish_in_background(
+            claimed.id,
+            claimed.fencing_token,
+            state="succeeded",
+            outcome=b"ok",
+            until=loop.time() + 30,
+        )
+        await asyncio.wait_for(store.close(), _DEADLINE_S)
+        release()
+    with pytest.raises(LedgerUnavailable):  # at once: a retry would go on for the lease's 30 s
+        await asyncio.wait_for(finishing, 2.0)
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("ledger-finish-")]
+    assert f"entry {claimed.id}: outcome NOT recorded at shutdown" in caplog.text
 
 
 @pytest.mark.parametrize(("durability", "expected"), [("full", 2), ("normal", 1)])
