@@ -441,6 +441,17 @@ def test_header_mirrored_arguments_are_learned_from_schemas():
     assert app[CATALOG].param_headers["up"]["find"] == {("region",): "Region"}
 
 
+def test_a_listed_schema_nested_deeper_than_the_stack_is_learned() -> None:
+    """An upstream's schema nested 900 levels deep (the JSON reader takes about a thousand) is
+    learned as mirroring nothing, not a RecursionError out of reading its listing."""
+    app = _app()
+    deep: dict[str, object] = {"type": "string"}
+    for _ in range(900):
+        deep = {"type": "object", "default": deep}
+    assert learn_tools(app, "up", {"tools": [{"name": "deep", "inputSchema": deep}]}) == 1
+    assert "deep" not in app[CATALOG].param_headers.get("up", {})
+
+
 # --- cancelling a wait when the client goes away ---
 
 

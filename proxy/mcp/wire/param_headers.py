@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Iterator, Mapping
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -86,25 +87,37 @@ def declared(schema: Any) -> ParamHeaders | None:
 
 
 def _positions(schema: Any) -> Iterator[tuple[tuple[str, ...] | None, dict[str, Any]]]:
-    """Every schema position under `schema` with its path of `properties` keys (None once the
-    walk has gone through any other keyword), without recursion: any depth is safe."""
-    pending: list[tuple[tuple[str, ...] | None, Any]] = [((), schema)]
-    while pending:
-        path, position = pending.pop()
-        if not isinstance(position, dict):
+    """Every schema position under `schema` (breadth first, without recursion: any depth is
+    safe) with its path of `properties` keys, or None once the walk went through another
+    keyword."""
+    waiting: deque[tuple[tuple[str, ...] | None, Any]] = deque([((), schema)])
+    while waiting:
+        path, position = waiting.popleft()
+        if isinstance(position, dict):
+            yield path, position
+            waiting.extend(_under(path, position))
+
+
+def _under(
+    path: tuple[str, ...] | None, position: dict[str, Any]
+) -> Iterator[tuple[tuple[str, ...] | None, Any]]:
+    """The positions directly under `position`: a property keeps the path, and extends it while
+    there is one; anything under another keyword is off the path."""
+    for keyword, value in position.items():
+        if keyword == "properties" and isinstance(value, dict):
+            for name, sub in value.items():
+                yield (None if path is None else (*path, name)), sub
             continue
-        yield path, position
-        for keyword, value in position.items():
-            if keyword == "properties" and isinstance(value, dict):
-                pending.extend(
-                    (None if path is None else (*path, name), sub) for name, sub in value.items()
-                )
-            elif keyword in _ONE:
-                pending.append((None, value))
-            elif keyword in _MANY and isinstance(value, list):
-                pending.extend((None, sub) for sub in value)
-            elif keyword in _NAMED and isinstance(value, dict):
-                pending.extend((None, sub) for sub in value.values())
+        if keyword in _ONE:
+            subs: Iterable[Any] = (value,)
+        elif keyword in _MANY and isinstance(value, list):
+            subs = value
+        elif keyword in _NAMED and isinstance(value, dict):
+            subs = value.values()
+        else:
+            continue
+        for sub in subs:
+            yield None, sub
 
 
 def mirrored(
