@@ -103,9 +103,11 @@ async def load(conn: asyncpg.Connection, needs: Needs, ws: WorkingSet) -> dateti
     upstreams = [upstream for _, upstream, _ in triples]
     keys = [key for _, _, key in triples]
     records = await conn.fetch(_LOAD, sorted(needs.ids), keys, tenants, upstreams)
+    # Each row is locked as the read reaches it, and each output row's clock is read after its
+    # lock: the latest is the time after every lock (and every wait for one) this read took.
     now: datetime | None = None
     for record in records:
-        now = record[0] if now is None else min(now, record[0])
+        now = record[0] if now is None else max(now, record[0])
         if record[1] is not None:  # the one row of an empty read is all NULL but the clock
             ws.load(EntryRow(*record[1:]))
     if now is None:

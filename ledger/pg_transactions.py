@@ -3,8 +3,10 @@
 The connection comes from the `write` engine (`ledger.db`) and is held across batches: a pool
 checkout and reset per batch would cost two more round trips. A batch that only names rows by id
 or key talks to asyncpg directly (`ledger.pg_sql`: four round trips); one that sweeps, purges or
-runs deferred work's loaders reads through SQLAlchemy (`ledger.queries.load`, locked) on the same
-connection, in the same transaction, and writes with the same plain statements.
+runs deferred work's loaders reads through SQLAlchemy (`ledger.queries.lock_named`, then
+`ledger.queries.load_rest`, locked) on the same connection, in the same transaction, and writes
+with the same plain statements. Either way the batch's time is read after the row locks it may
+have waited for, so a lease that ran out during that wait has run out for its decisions too.
 """
 
 from __future__ import annotations
@@ -104,10 +106,13 @@ class PostgresTransactions:
         return await in_transaction_async(begin, full, commit, rollback)
 
     def _load_full(self, conn: sa.Connection, needs: Needs, ws: WorkingSet) -> OpContext:
-        # Always run: the first statement is what begins the transaction on the connection.
+        queries.lock_named(conn, needs, ws)
+        # After the locks that read may have waited for: a lease that ran out meanwhile has
+        # run out for this batch's decisions too. (Always run: with nothing named, this is the
+        # first statement, which begins the transaction on the connection.)
         now = queries.database_now(conn)
         ctx = self._context(self._clock() if self._clock else now)
-        queries.load(conn, needs, ws, now=ctx.now)
+        queries.load_rest(conn, needs, ws, now=ctx.now)
         return ctx
 
     async def _finish(

@@ -37,7 +37,8 @@ __all__ = [
     "find_entry",
     "history",
     "list_entries",
-    "load",
+    "load_rest",
+    "lock_named",
     "ping",
     "stats",
 ]
@@ -66,9 +67,10 @@ def database_now(conn: sa.Connection) -> datetime:
     return moment.astimezone(UTC)
 
 
-def load(conn: sa.Connection, needs: Needs, ws: WorkingSet, *, now: datetime) -> None:
-    """Read and lock (in id order) every row `needs` names into `ws` (the PostgreSQL writer's
-    full batches; `ledger.sqlite_sql.load` is the same on SQLite)."""
+def lock_named(conn: sa.Connection, needs: Needs, ws: WorkingSet) -> None:
+    """Read and lock (in id order) the rows `needs` names by id and by key into `ws` (the
+    PostgreSQL writer's full batches; `ledger.sqlite_sql.load` reads the same on SQLite). This
+    may wait for another transaction's locks: the batch reads its time after it."""
     selects = []
     if needs.ids:
         selects.append(_select_rows().where(ENTRIES.c.id.in_(sorted(needs.ids))))
@@ -83,6 +85,15 @@ def load(conn: sa.Connection, needs: Needs, ws: WorkingSet, *, now: datetime) ->
                 ENTRIES.c.upstream.in_(upstreams),
             )
         )
+    for stmt in selects:
+        result = conn.execute(stmt.order_by(ENTRIES.c.id).with_for_update())
+        for row in _rows(result):
+            ws.load(row)
+
+
+def load_rest(conn: sa.Connection, needs: Needs, ws: WorkingSet, *, now: datetime) -> None:
+    """After `lock_named`, with the batch's time: the closed rows old enough to purge (ids
+    only), the running rows whose lease had expired by `now` (the sweep), then the loaders."""
     if needs.purge is not None:
         older_than, limit = needs.purge
         # No ORDER BY: any `limit` closed rows will do, found without sorting them all.
@@ -92,10 +103,6 @@ def load(conn: sa.Connection, needs: Needs, ws: WorkingSet, *, now: datetime) ->
             .limit(limit)
         )
         ws.purgeable.extend(conn.execute(stmt.with_for_update(skip_locked=True)).scalars())
-    for stmt in selects:
-        result = conn.execute(stmt.order_by(ENTRIES.c.id).with_for_update())
-        for row in _rows(result):
-            ws.load(row)
     if needs.sweep_limit:
         stmt = (
             _select_rows()

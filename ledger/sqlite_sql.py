@@ -119,7 +119,8 @@ def load(
 ) -> None:
     """Read everything `needs` names into `ws`: the closed rows old enough to purge (ids only),
     the rows named by id and by key, the running rows whose lease had expired by `now` (the
-    sweep), then what the loaders read. (`ledger.queries.load` is the same on PostgreSQL.)"""
+    sweep), then what the loaders read. (`ledger.queries` reads the same on
+    PostgreSQL.)"""
     if needs.purge is not None:
         older_than, limit = needs.purge
         # No ORDER BY: any `limit` closed rows will do, found without sorting them all.

@@ -4,7 +4,7 @@ A batch whose operations only name rows by id or by key — claims, finishes, re
 path — runs as plain prepared SQL on the driver's own connection (`ledger.sqlite_sql`,
 `ledger.pg_sql`), with the transaction begun and committed there too; on SQLite so does every
 other batch (the lease sweep, the purge, deferred work's loaders). On PostgreSQL a batch that
-sweeps, purges or runs a loader reads through SQLAlchemy (`ledger.queries.load`, locking what it
+sweeps, purges or runs a loader reads through SQLAlchemy (`ledger.queries`, locking what it
 reads) in the same transaction on the same connection, and writes with the same plain
 statements. Either way the callers hear nothing before COMMIT has returned.
 

@@ -394,6 +394,35 @@ MUTANTS = (
         why="an SRE reads ERROR 'outcome not recorded' for an entry that is succeeded",
     ),
     Mutant(
+        name="PostgreSQL's plain read keeps the clock from before its later row locks",
+        path="ledger/pg_sql.py",
+        module="ledger.pg_sql",
+        edits=(("else max(now, record[0])", "else min(now, record[0])"),),
+        tests=(
+            "tests/integration/test_ledger_faults.py::"
+            "test_a_finish_that_waited_for_its_row_past_its_lease_is_decided_after_the_wait",
+        ),
+        why="a finish that waited for its row past its lease records succeeded, not unknown",
+    ),
+    Mutant(
+        name="PostgreSQL's full batch reads its time before it locks the named rows",
+        path="ledger/pg_transactions.py",
+        module="ledger.pg_transactions",
+        edits=(
+            ("        queries.lock_named(conn, needs, ws)\n", ""),
+            (
+                "        queries.load_rest(conn, needs, ws, now=ctx.now)\n",
+                "        queries.lock_named(conn, needs, ws)\n"
+                "        queries.load_rest(conn, needs, ws, now=ctx.now)\n",
+            ),
+        ),
+        tests=(
+            "tests/integration/test_ledger_faults.py::"
+            "test_a_finish_that_waited_for_its_row_past_its_lease_is_decided_after_the_wait",
+        ),
+        why="a finish batched with a sweep records succeeded after its lease ran out",
+    ),
+    Mutant(
         name="the admission fast path counts every running call as critical",
         path="policies/admission.py",
         module="policies.admission",

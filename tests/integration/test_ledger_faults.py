@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 import sqlalchemy as sa
 
@@ -20,6 +21,7 @@ from ledger import (
     EntryState,
     LedgerStore,
     LedgerUnavailable,
+    StaleToken,
     pg_sql,
     sqlite_connect,
     sqlite_sql,
@@ -127,6 +129,51 @@ async def test_a_rollback_that_never_ran_does_not_poison_the_next_batches(
     after = await asyncio.wait_for(ledger_store.claim(claim_request("after")), _DEADLINE_S)
     assert after.kind == "new"
     assert [e.idempotency_key for e in await ledger_store.list_entries()] == ["after"]
+
+
+@only_postgres
+@pytest.mark.parametrize("batched_with", ["renew of an earlier row", "lease sweep"])
+async def test_a_finish_that_waited_for_its_row_past_its_lease_is_decided_after_the_wait(
+    ledger_settings: LedgerSettings, batched_with: str
+) -> None:
+    """PostgreSQL: another session holds a running entry's row lock while its lease (2 s) lapses.
+    Its owner's finish, queued meanwhile, is decided when it gets the lock, so with a time read
+    after that wait: the lease has lapsed, the entry is `unknown` and the finish is refused
+    (DESIGN: an expired lease becomes unknown, never succeeded). Both ways a batch reads: the
+    plain path, with an earlier row (locked at once) in the same read, and the full path, which
+    a lease sweep in the batch takes."""
+    store = await LedgerStore.open(
+        LedgerSettings(url=ledger_settings.url, lease_s=2.0), owner="owner"
+    )
+    try:
+        earlier = (await store.claim(claim_request("earlier"))).entry
+        waited = (await store.claim(claim_request("waited"))).entry
+        assert earlier.id < waited.id
+        holder = await asyncpg.connect(ledger_fixtures._dsn(ledger_settings.url), timeout=5)
+        try:
+            await holder.execute("BEGIN")
+            await holder.execute("SELECT 1 FROM ledger_entries WHERE id = $1 FOR UPDATE", waited.id)
+            await asyncio.sleep(1.0)
+            other = (
+                store.renew(earlier.id, earlier.fencing_token)
+                if batched_with.startswith("renew")
+                else store.sweep_expired()
+            )
+            finish = store.finish(
+                waited.id, waited.fencing_token, state="succeeded", outcome=b"late"
+            )
+            both = asyncio.gather(finish, other, return_exceptions=True)
+            await asyncio.sleep(1.5)  # the lease lapses (at 2 s) while the batch waits
+            await holder.execute("ROLLBACK")
+        finally:
+            await holder.close()
+        finished, _ = await asyncio.wait_for(both, _DEADLINE_S)
+        assert isinstance(finished, StaleToken), repr(finished)
+        entry, history = await store.get(waited.id)
+        assert entry.state == EntryState.UNKNOWN
+        assert [t.at for t in history] == sorted(t.at for t in history)
+    finally:
+        await store.close()
 
 
 @only_postgres
