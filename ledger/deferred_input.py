@@ -42,6 +42,10 @@ class AwaitInput:
     question: bytes
     max_bytes: int
 
+    @property
+    def payload_bytes(self) -> int:
+        return len(self.question)
+
     def declare(self, needs: Needs) -> None:
         needs.ids.add(self.entry_id)
 
@@ -68,6 +72,10 @@ class ProvideInput:
     token: int
     request: bytes
     actor: str
+
+    @property
+    def payload_bytes(self) -> int:
+        return len(self.request)
 
     def declare(self, needs: Needs) -> None:
         needs.ids.add(self.entry_id)

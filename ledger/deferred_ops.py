@@ -27,7 +27,7 @@ from ledger.entry_rules import (
     owned_running,
     set_aside,
 )
-from ledger.operations import Finish
+from ledger.operations import Finish, payload_of
 from ledger.states import NEEDS_RECONCILIATION, TERMINAL, EntryState
 from ledger.views import ClaimRequest, EntryView, Outcome
 
@@ -113,6 +113,10 @@ class Defer:
     request: bytes
     max_per_tenant: int
     max_per_upstream: int
+
+    @property
+    def payload_bytes(self) -> int:
+        return len(self.request) + len(self.req.arguments or "")
 
     def declare(self, needs: Needs) -> None:
         declare_key(needs, self.req)
@@ -245,6 +249,10 @@ class FinishDeferred:
     outcome: Outcome
     error: str | None
     max_bytes: int
+
+    @property
+    def payload_bytes(self) -> int:
+        return payload_of(self.outcome)
 
     def declare(self, needs: Needs) -> None:
         needs.ids.add(self.entry_id)

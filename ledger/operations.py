@@ -47,6 +47,7 @@ __all__ = [
     "RecordRejection",
     "ReleaseUnsent",
     "Renew",
+    "payload_of",
 ]
 
 T_co = TypeVar("T_co", covariant=True)
@@ -56,8 +57,16 @@ DEFAULT_MAX_ATTEMPTS = 3
 _S = EntryState
 
 
+def payload_of(outcome: Outcome) -> int:
+    """The bytes an outcome carries into a write (a digest or nothing carries none)."""
+    return len(outcome) if isinstance(outcome, bytes) else 0
+
+
 class Operation(Protocol[T_co]):
-    """One write, batched with others into a single transaction."""
+    """One write, batched with others into a single transaction.
+
+    An operation that carries something sizeable (arguments, an outcome, a request) says how
+    many bytes in a `payload_bytes` property: the writer keeps each batch's total bounded."""
 
     def declare(self, needs: Needs) -> None:
         """Add the rows this operation must see to `needs`."""
@@ -71,6 +80,11 @@ class Claim:
     """Idempotency check and write-ahead in one step."""
 
     req: ClaimRequest
+
+    @property
+    def payload_bytes(self) -> int:
+        """What this write carries into its batch (see `ledger.writer`)."""
+        return len(self.req.arguments or "")
 
     def declare(self, needs: Needs) -> None:
         declare_key(needs, self.req)
@@ -113,6 +127,10 @@ class Finish:
     state: Literal["succeeded", "failed"]
     outcome: Outcome
     error: str | None
+
+    @property
+    def payload_bytes(self) -> int:
+        return payload_of(self.outcome)
 
     def declare(self, needs: Needs) -> None:
         needs.ids.add(self.entry_id)
@@ -229,6 +247,10 @@ class RecordRejection:
     scope: str
     retry_after_s: float
     entry_id: str | None = None
+
+    @property
+    def payload_bytes(self) -> int:
+        return len(self.req.arguments or "")
 
     def declare(self, needs: Needs) -> None:
         declare_key(needs, self.req)

@@ -51,6 +51,11 @@ _log = logging.getLogger(__name__)
 _MAX_LOST_RACES = 5  # a batch rerun after losing a key race; each rerun sees more rows
 _TRANSIENT_TRIES = 4  # one try and three reruns after a transient error
 _BACKOFF_S = 0.05  # first backoff; doubled per try, with full jitter
+_MAX_BATCH_BYTES = 64 * 1024 * 1024
+"""What one batch's operations may carry (outcomes, requests, arguments: an operation's
+`payload_bytes`, 0 if it has none), unless a single operation carries more. A batch's writes are
+one statement on PostgreSQL, whose messages stop at 1 GB: 256 deferred requests of 4 MB would
+pass it, and fail together every time they were rerun."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,11 +215,18 @@ class GroupCommitWriter:
                     _fail([item], LedgerUnavailable(_death(error)))
                 raise
             batch: list[_Pending] = []
+            carried = 0
+            size = 0 if item is None else getattr(item.op, "payload_bytes", 0)
             while item is not None:
                 if not item.future.cancelled():
                     batch.append(item)
+                    carried += size
                 if len(batch) >= self._max_batch or not self._queue:
                     break
+                upcoming = self._queue[0]
+                size = 0 if upcoming is None else getattr(upcoming.op, "payload_bytes", 0)
+                if carried + size > _MAX_BATCH_BYTES:
+                    break  # it begins the next batch
                 item = self._queue.popleft()
             stopping = item is None
             if batch:

@@ -423,6 +423,22 @@ MUTANTS = (
         why="a finish batched with a sweep records succeeded after its lease ran out",
     ),
     Mutant(
+        name="a batch takes writes past the bytes one statement may carry",
+        path="ledger/writer.py",
+        module="ledger.writer",
+        edits=(
+            (
+                "                if carried + size > _MAX_BATCH_BYTES:\n",
+                "                if False:\n",
+            ),
+        ),
+        tests=(
+            "tests/unit/test_writer_batches.py::"
+            "test_batches_stop_growing_at_the_bytes_their_writes_may_carry",
+        ),
+        why="on PostgreSQL a burst of large deferred requests fails whole, rerun after rerun",
+    ),
+    Mutant(
         name="the admission fast path counts every running call as critical",
         path="policies/admission.py",
         module="policies.admission",
