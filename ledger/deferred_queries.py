@@ -36,10 +36,27 @@ _WAITING = sa.and_(ENTRIES.c.state == _ACCEPTED, ENTRIES.c.request.is_not(None))
 """Deferred work that has not started: accepted, with its request."""
 
 
+_ADVISORY_LOCKS = sa.text(  # in the order given (sorted), in one round trip
+    "SELECT pg_advisory_xact_lock(hashtextextended(name, 0)) "
+    "FROM unnest(CAST(:names AS text[])) WITH ORDINALITY AS locks (name, n) ORDER BY n"
+)
+
+
 def accepted_counts(
     conn: sa.Connection, tenants: set[str], upstreams: set[str]
 ) -> dict[str, dict[str, int]]:
-    """Waiting deferred work of these tenants and upstreams (`AcceptedCounts`' facts)."""
+    """Waiting deferred work of these tenants and upstreams (`AcceptedCounts`' facts).
+
+    Each tenant's and upstream's count is taken under a transaction-scoped advisory lock named
+    for it (in one order: no deadlock between two batches), held to COMMIT: a replica counting
+    the same tenant waits until this batch's new rows are committed, then counts them. Under
+    READ COMMITTED, two plain counts would each miss the other's rows and both accept."""
+    names = sorted(
+        [f"interlock.accepted.tenant:{t}" for t in tenants]
+        + [f"interlock.accepted.upstream:{u}" for u in upstreams]
+    )
+    if names:
+        conn.execute(_ADVISORY_LOCKS, {"names": names})
     facts = {}
     for name, column, values in (
         ("accepted_by_tenant", ENTRIES.c.tenant, tenants),

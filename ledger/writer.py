@@ -54,8 +54,9 @@ _BACKOFF_S = 0.05  # first backoff; doubled per try, with full jitter
 _MAX_BATCH_BYTES = 64 * 1024 * 1024
 """What one batch's operations may carry (outcomes, requests, arguments: an operation's
 `payload_bytes`, 0 if it has none), unless a single operation carries more. A batch's writes are
-one statement on PostgreSQL, whose messages stop at 1 GB: 256 deferred requests of 4 MB would
-pass it, and fail together every time they were rerun."""
+one statement on PostgreSQL, whose messages stop at 1 GB: 256 outcomes or deferred requests of
+4 MB (`max_outcome_bytes`, `deferred.max_request_bytes` raised) would pass it, and fail together
+every time they were rerun."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -439,6 +439,17 @@ MUTANTS = (
         why="on PostgreSQL a burst of large deferred requests fails whole, rerun after rerun",
     ),
     Mutant(
+        name="replicas count a tenant's accepted work without a shared lock",
+        path="ledger/deferred_queries.py",
+        module="ledger.deferred_queries",
+        edits=(('        conn.execute(_ADVISORY_LOCKS, {"names": names})\n', "        pass\n"),),
+        tests=(
+            "tests/integration/test_ledger_concurrency.py::"
+            "test_two_replicas_deferring_at_once_keep_a_tenants_bound_on_accepted_work",
+        ),
+        why="two replicas on PostgreSQL accept twice a tenant's bound of deferred work",
+    ),
+    Mutant(
         name="the admission fast path counts every running call as critical",
         path="policies/admission.py",
         module="policies.admission",

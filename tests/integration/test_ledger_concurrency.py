@@ -72,6 +72,33 @@ async def test_two_replicas_racing_one_key(two_stores: list[LedgerStore]) -> Non
     assert {r.entry.owner for r in results} == {owner}
 
 
+async def test_two_replicas_deferring_at_once_keep_a_tenants_bound_on_accepted_work(
+    two_stores: list[LedgerStore],
+) -> None:
+    """Two replicas each accept five deferred calls of one tenant at the same moment, with at
+    most five waiting per tenant: five are accepted in all, five are told the tenant is full.
+    (Each replica counts the tenant's waiting work in its own transaction; on PostgreSQL two
+    counts under READ COMMITTED saw none of each other's rows until both had inserted.)"""
+    for attempt in range(3):  # each attempt a fresh tenant: every one must keep the bound
+        tenant = f"bounded-{attempt}"
+        results = await asyncio.wait_for(
+            asyncio.gather(
+                *(
+                    store.deferred.defer(
+                        claim_request(f"{tenant}-{n}-{i}", tenant=tenant),
+                        b"{}",
+                        max_per_tenant=5,
+                        max_per_upstream=1000,
+                    )
+                    for n, store in enumerate(two_stores)
+                    for i in range(5)
+                )
+            ),
+            _DEADLINE_S,
+        )
+        assert sorted(r.kind for r in results) == ["accepted"] * 5 + ["full"] * 5, attempt
+
+
 async def test_two_processes_racing_one_key(ledger_store: LedgerStore, ledger_url: str) -> None:
     """Two processes fire 25 claims each at one key at the same moment: exactly one new."""
     children = [await spawn_ledger_child("race", ledger_url, "k", "25") for _ in range(2)]

@@ -2,7 +2,7 @@
 and at most `_MAX_BATCH_BYTES` of what they carry (outcomes, requests, arguments) unless one
 operation alone carries more. PostgreSQL takes a batch's writes as one statement and refuses a
 message over 1 GB: a batch past it failed whole, and failed again each time it was rerun (256
-deferred requests of 4 MB, the default body limit, pass it).
+outcomes or deferred requests of 4 MB, with their limits raised, pass it).
 
 The backend here records the batches instead of writing them (the writer is what is under test;
 the ledger suites run the same writer on SQLite and PostgreSQL)."""
