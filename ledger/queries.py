@@ -71,23 +71,26 @@ def lock_named(conn: sa.Connection, needs: Needs, ws: WorkingSet) -> None:
     """Read and lock (in id order) the rows `needs` names by id and by key into `ws` (the
     PostgreSQL writer's full batches; `ledger.sqlite_sql.load` reads the same on SQLite). This
     may wait for another transaction's locks: the batch reads its time after it."""
-    selects = []
+    named: list[sa.ColumnElement[bool]] = []
     if needs.ids:
-        selects.append(_select_rows().where(ENTRIES.c.id.in_(sorted(needs.ids))))
+        named.append(ENTRIES.c.id.in_(sorted(needs.ids)))
     if needs.keys:
         # The key is the unique index's first column; the scope filters narrow what is locked,
         # and `ws.find` matches the exact (tenant, upstream, key) triples.
         tenants, upstreams, keys = (sorted(set(part)) for part in zip(*needs.keys, strict=True))
-        selects.append(
-            _select_rows().where(
+        named.append(
+            sa.and_(
                 ENTRIES.c.idempotency_key.in_(keys),
                 ENTRIES.c.tenant.in_(tenants),
                 ENTRIES.c.upstream.in_(upstreams),
             )
         )
-    for stmt in selects:
-        result = conn.execute(stmt.order_by(ENTRIES.c.id).with_for_update())
-        for row in _rows(result):
+    if named:
+        # One statement, so every row is locked in id order whether named by id or by key, as
+        # the plain path (`ledger.pg_sql`) locks them: two batches never wait for each other
+        # crosswise (a deadlock PostgreSQL breaks only after `deadlock_timeout`, 1 s).
+        stmt = _select_rows().where(sa.or_(*named)).order_by(ENTRIES.c.id).with_for_update()
+        for row in _rows(conn.execute(stmt)):
             ws.load(row)
 
 

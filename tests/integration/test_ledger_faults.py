@@ -177,6 +177,51 @@ async def test_a_finish_that_waited_for_its_row_past_its_lease_is_decided_after_
 
 
 @only_postgres
+async def test_a_full_batch_locks_rows_named_by_id_and_by_key_in_one_id_order(
+    ledger_settings: LedgerSettings,
+) -> None:
+    """PostgreSQL: a batch that also sweeps names row `late` by id and row `early` (a smaller id)
+    by key. It must lock them in id order, as every batch does: waiting for `early` (held by
+    another session), it has not locked `late` yet. Locking by id first and by key after, it
+    held `late` while it waited, and two replicas doing so crosswise deadlocked (each broken
+    only after PostgreSQL's deadlock_timeout, 1 s)."""
+    store = await LedgerStore.open(LedgerSettings(url=ledger_settings.url), owner="r")
+    try:
+        early = (await store.claim(claim_request("early"))).entry
+        late = (await store.claim(claim_request("late"))).entry
+        assert early.id < late.id
+        dsn = ledger_fixtures._dsn(ledger_settings.url)
+        holder = await asyncpg.connect(dsn, timeout=5)
+        prober = await asyncpg.connect(dsn, timeout=5)
+        try:
+            await holder.execute("BEGIN")
+            await holder.execute("SELECT 1 FROM ledger_entries WHERE id = $1 FOR UPDATE", early.id)
+            batch = asyncio.gather(
+                store.renew(late.id, late.fencing_token),  # `late`, by id
+                store.claim(claim_request("early")),  # `early`, by key
+                store.sweep_expired(),  # the full path
+            )
+            await asyncio.sleep(0.5)  # the batch is waiting for `early`
+            await prober.execute("BEGIN")
+            free = await prober.fetchval(
+                "SELECT count(*) FROM (SELECT 1 FROM ledger_entries WHERE id = $1 "
+                "FOR UPDATE SKIP LOCKED) AS free",
+                late.id,
+            )
+            await prober.execute("ROLLBACK")
+            await holder.execute("ROLLBACK")
+            renewed, claimed, _ = await asyncio.wait_for(batch, _DEADLINE_S)
+        finally:
+            await prober.close()
+            await holder.close()
+        assert free == 1, "the batch held `late` while it waited for `early`"
+        assert renewed is True
+        assert claimed.kind == "in_progress"
+    finally:
+        await store.close()
+
+
+@only_postgres
 async def test_a_commit_the_database_refuses_is_never_acknowledged(
     ledger_store: LedgerStore, ledger_settings: LedgerSettings
 ) -> None:
