@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from ledger import (
     ClaimResult,
     EntryState,
+    EntryView,
     LedgerStore,
     LedgerUnavailable,
     StaleToken,
@@ -370,6 +371,19 @@ async def test_a_write_made_as_soon_as_the_writer_died_runs_on_the_new_writer(
     assert entry.state == EntryState.RUNNING
 
 
+async def _claimed(settings: LedgerSettings, key: str) -> tuple[LedgerStore, EntryView]:
+    store = await LedgerStore.open(settings, owner="r")
+    return store, (await store.claim(claim_request(key))).entry
+
+
+def _finish_in_background(store: LedgerStore, claimed: EntryView) -> asyncio.Future[EntryView]:
+    """Its outcome, recorded behind the call as the proxy records it (a 30 s lease to retry in)."""
+    until = asyncio.get_running_loop().time() + 30
+    return store.finish_in_background(
+        claimed.id, claimed.fencing_token, state="succeeded", outcome=b"ok", until=until
+    )
+
+
 @only_sqlite
 async def test_an_outcome_still_being_written_at_shutdown_lands_and_is_not_called_lost(
     ledger_settings: LedgerSettings,
@@ -381,18 +395,10 @@ async def test_an_outcome_still_being_written_at_shutdown_lands_and_is_not_calle
     commits it: the entry ends succeeded, its caller gets the entry, and no ERROR says that
     outcome was not recorded."""
     monkeypatch.setattr(store_module, "_FINISH_DRAIN_S", 0.2)
-    store = await LedgerStore.open(ledger_settings, owner="r")
-    claimed = (await store.claim(claim_request("late"))).entry
-    loop = asyncio.get_running_loop()
+    store, claimed = await _claimed(ledger_settings, "late")
     async with sqlite_write_lock_in_another_process(ledger_settings.url) as release:
-        finishing = store.finish_in_background(
-            claimed.id,
-            claimed.fencing_token,
-            state="succeeded",
-            outcome=b"ok",
-            until=loop.time() + 30,
-        )
-        loop.call_later(1.0, release)
+        finishing = _finish_in_background(store, claimed)
+        asyncio.get_running_loop().call_later(1.0, release)
         await asyncio.wait_for(store.close(), _DEADLINE_S)
     assert (await finishing).state == EntryState.SUCCEEDED
     assert "cancelled at shutdown" not in caplog.text
@@ -416,17 +422,9 @@ async def test_an_outcome_the_closing_writer_cannot_write_is_logged_and_never_re
     retry outlives the closed store."""
     monkeypatch.setattr(store_module, "_FINISH_DRAIN_S", 0.2)
     monkeypatch.setattr(sqlite_connect, "BUSY_TIMEOUT_MS", 100)
-    store = await LedgerStore.open(ledger_settings, owner="r")
-    claimed = (await store.claim(claim_request("lost"))).entry
-    loop = asyncio.get_running_loop()
+    store, claimed = await _claimed(ledger_settings, "lost")
     async with sqlite_write_lock_in_another_process(ledger_settings.url) as release:
-        finishing = store.finish_in_background(
-            claimed.id,
-            claimed.fencing_token,
-            state="succeeded",
-            outcome=b"ok",
-            until=loop.time() + 30,
-        )
+        finishing = _finish_in_background(store, claimed)
         await asyncio.wait_for(store.close(), _DEADLINE_S)
         release()
     with pytest.raises(LedgerUnavailable):  # at once: a retry would go on for the lease's 30 s
