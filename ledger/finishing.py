@@ -109,7 +109,7 @@ class BackgroundFinishes:
     def __init__(self) -> None:
         self._pending: dict[asyncio.Future[EntryView], str] = {}  # each with its name for logs
         # The finishes whose first try is still with the writer (it commits them as it closes).
-        self._first: dict[asyncio.Future[EntryView], asyncio.Future[EntryView]] = {}
+        self._with_writer: set[asyncio.Future[EntryView]] = set()
         self._drained = False
 
     def start_after(
@@ -133,7 +133,7 @@ class BackgroundFinishes:
             settle_as(finished, source)
 
         def first_done(tried: asyncio.Future[EntryView]) -> None:
-            self._first.pop(finished, None)
+            self._with_writer.discard(finished)
             error = None if tried.cancelled() else tried.exception()
             if not isinstance(error, LedgerUnavailable):
                 settle(tried)
@@ -156,7 +156,7 @@ class BackgroundFinishes:
 
         name = f"ledger-finish-{entry_id}"
         self._hold(finished, name)
-        self._first[finished] = first
+        self._with_writer.add(finished)
         first.add_done_callback(first_done)
         return finished
 
@@ -179,6 +179,6 @@ class BackgroundFinishes:
         self._drained = True
         # what is pending now: a retry that began during the wait stands for its finish
         for late, name in list(self._pending.items()):
-            if not late.done() and late not in self._first:
+            if not late.done() and late not in self._with_writer:
                 log.error("%s: cancelled at shutdown before its outcome was recorded", name)
                 late.cancel()

@@ -175,14 +175,10 @@ class GroupCommitWriter:
 
     def _stopped(self, task: asyncio.Task[None]) -> None:
         """The writer task ended: a clean close, or a death that must not strand its callers."""
-        if task.cancelled():
-            why = "the ledger writer was cancelled"
-        elif (error := task.exception()) is not None:
-            why = f"the ledger writer died: {error!r}"
-        elif self._closed:
+        error = asyncio.CancelledError() if task.cancelled() else task.exception()
+        if error is None and self._closed:
             return
-        else:
-            why = "the ledger writer stopped"
+        why = "the ledger writer stopped" if error is None else _death(error)
         if task is not self._task:
             # A write made since (a caller the dead writer had failed, writing again at once)
             # started a new writer, which holds the queue now: nothing here is stranded.
@@ -277,14 +273,11 @@ class GroupCommitWriter:
     async def _commit_guarded(self, batch: list[_Pending]) -> None:
         try:
             await self._commit(batch)
-        except asyncio.CancelledError:
-            _fail(batch, LedgerUnavailable("the ledger writer was cancelled"))
-            raise
         except Exception as error:  # noqa: BLE001 - the writer must outlive a bug in one batch
             _log.exception("ledger batch failed unexpectedly")
             _fail(batch, LedgerUnavailable(f"ledger write failed unexpectedly: {error!r}"))
-        except BaseException:
-            _fail(batch, LedgerUnavailable("the ledger writer died"))
+        except BaseException as error:  # cancelled, or dying: this batch's callers hear why
+            _fail(batch, LedgerUnavailable(_death(error)))
             raise
 
     async def _commit(self, batch: list[_Pending]) -> None:
@@ -348,6 +341,7 @@ class GroupCommitWriter:
 
 
 def _death(error: BaseException) -> str:
+    """Why the writer stopped, as its waiting callers are told."""
     if isinstance(error, asyncio.CancelledError):
         return "the ledger writer was cancelled"
     return f"the ledger writer died: {error!r}"

@@ -383,7 +383,7 @@ MUTANTS = (
         module="ledger.finishing",
         edits=(
             (
-                "            if not late.done() and late not in self._first:\n",
+                "            if not late.done() and late not in self._with_writer:\n",
                 "            if not late.done():\n",
             ),
         ),
