@@ -109,13 +109,14 @@ async def _stop(child: asyncio.subprocess.Process) -> None:
         return
     with contextlib.suppress(ProcessLookupError):
         child.terminate()
+    ended = asyncio.ensure_future(child.wait())
     try:
-        await asyncio.wait({asyncio.ensure_future(child.wait())}, timeout=_STOP_S)
+        await asyncio.wait({ended}, timeout=_STOP_S)
     finally:
-        if child.returncode is None:
+        if not ended.done():
             with contextlib.suppress(ProcessLookupError):
                 child.kill()
-            await child.wait()
+        await ended
 
 
 async def list_tools_here(spec: UpstreamSpec, request_timeout_s: float, on_page: OnPage) -> None:
