@@ -117,6 +117,11 @@ def _dsn(url: str, database: str | None = None) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def pg_dsn(url: str) -> str:
+    """A plain `postgresql://` DSN of the test ledger at `url`, for asyncpg."""
+    return _dsn(url)
+
+
 def pg_admin_dsn() -> str:
     """A plain `postgresql://` DSN of the server's own database (not a test's), for asyncpg."""
     return _dsn(pg_server_url())

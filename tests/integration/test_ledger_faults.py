@@ -150,7 +150,7 @@ async def test_a_finish_that_waited_for_its_row_past_its_lease_is_decided_after_
         earlier = (await store.claim(claim_request("earlier"))).entry
         waited = (await store.claim(claim_request("waited"))).entry
         assert earlier.id < waited.id
-        holder = await asyncpg.connect(ledger_fixtures._dsn(ledger_settings.url), timeout=5)
+        holder = await asyncpg.connect(ledger_fixtures.pg_dsn(ledger_settings.url), timeout=5)
         try:
             await holder.execute("BEGIN")
             await holder.execute("SELECT 1 FROM ledger_entries WHERE id = $1 FOR UPDATE", waited.id)
@@ -191,7 +191,7 @@ async def test_a_full_batch_locks_rows_named_by_id_and_by_key_in_one_id_order(
         early = (await store.claim(claim_request("early"))).entry
         late = (await store.claim(claim_request("late"))).entry
         assert early.id < late.id
-        dsn = ledger_fixtures._dsn(ledger_settings.url)
+        dsn = ledger_fixtures.pg_dsn(ledger_settings.url)
         holder = await asyncpg.connect(dsn, timeout=5)
         prober = await asyncpg.connect(dsn, timeout=5)
         try:
