@@ -41,7 +41,7 @@ from proxy.runtime.heap import settle_after_start
 from proxy.state import CONFIG
 from proxy.telemetry.sdk import configure_telemetry
 
-__all__ = ["run"]
+__all__ = ["KINDS", "drive", "pipeline_caller", "pipeline_config", "run"]
 
 _MODERN = "2026-07-28"
 _HEADERS = CIMultiDictProxy(
@@ -56,11 +56,11 @@ _HEADERS = CIMultiDictProxy(
 )
 _RESULT = {"content": [{"type": "text", "text": "ok"}], "isError": False}
 _LARGE = "side-effecting, 1 MiB argument"
-_KINDS = {"read-only": "search_docs", "side-effecting": "send_email", _LARGE: "send_email"}
+KINDS = {"read-only": "search_docs", "side-effecting": "send_email", _LARGE: "send_email"}
 _MIB_TEXT = "x" * (1 << 20)
 
 
-def _config(folder: Path) -> Config:
+def pipeline_config(folder: Path) -> Config:
     return parse_config_text(
         f"""
         listen: "127.0.0.1:1"
@@ -87,10 +87,10 @@ async def _notify(note: dict[str, Any]) -> None:
     del note
 
 
-def _caller(app: web.Application, kind: str) -> Callable[[], Awaitable[None]]:
+def pipeline_caller(app: web.Application, kind: str) -> Callable[[], Awaitable[None]]:
     upstream = app[CONFIG].upstreams["up"]
     numbers = itertools.count(1)
-    tool = _KINDS[kind]
+    tool = KINDS[kind]
 
     async def call() -> None:
         n = next(numbers)
@@ -115,7 +115,7 @@ def _caller(app: web.Application, kind: str) -> Callable[[], Awaitable[None]]:
     return call
 
 
-async def _drive(call: Callable[[], Awaitable[None]], calls: int, concurrency: int) -> None:
+async def drive(call: Callable[[], Awaitable[None]], calls: int, concurrency: int) -> None:
     remaining = iter(range(calls))
 
     async def worker() -> None:
@@ -133,18 +133,18 @@ async def _measure(quick: bool) -> tuple[dict[tuple[str, int], tuple[float, floa
     }
     results: dict[tuple[str, int], tuple[float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
-        app = create_app(_config(Path(tmp)))
+        app = create_app(pipeline_config(Path(tmp)))
         runner = web.AppRunner(app)
         await runner.setup()  # opens the ledger, as `interlock serve` does
         thresholds = gc.get_threshold()
         settle_after_start()  # the heap as `serve` leaves it before its first call
         try:
             for kind, count in calls.items():
-                call = _caller(app, kind)
+                call = pipeline_caller(app, kind)
                 for concurrency in (1, 32):
-                    await _drive(call, max(200, count // 10), concurrency)  # warm-up
+                    await drive(call, max(200, count // 10), concurrency)  # warm-up
                     cpu, loop_cpu = time.process_time(), time.thread_time()
-                    await _drive(call, count, concurrency)
+                    await drive(call, count, concurrency)
                     cpu = time.process_time() - cpu
                     loop_cpu = time.thread_time() - loop_cpu
                     results[kind, concurrency] = (cpu / count * 1e6, loop_cpu / count * 1e6)
@@ -169,7 +169,7 @@ def run(quick: bool = False) -> list[Table]:
         title="tools/call pipeline alone: CPU per call in-process (upstream answers at once)",
         columns=["call", "concurrency", "CPU µs/call", "event loop's share µs", "c=32 vs c=1"],
     )
-    for kind in _KINDS:
+    for kind in KINDS:
         for concurrency in (1, 32):
             cpu, loop_cpu = results[kind, concurrency]
             ratio = "" if concurrency == 1 else f"{cpu / results[kind, 1][0]:.2f}×"
