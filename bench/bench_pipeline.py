@@ -18,13 +18,14 @@ its fingerprint and its stored (capped) text cost when the arguments are large.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import itertools
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -41,7 +42,17 @@ from proxy.runtime.heap import settle_after_start
 from proxy.state import CONFIG
 from proxy.telemetry.sdk import configure_telemetry
 
-__all__ = ["KINDS", "drive", "pipeline_caller", "pipeline_config", "run"]
+__all__ = [
+    "KINDS",
+    "drive",
+    "pipeline_app",
+    "pipeline_caller",
+    "pipeline_config",
+    "run",
+    "run_as_serve",
+]
+
+T = TypeVar("T")
 
 _MODERN = "2026-07-28"
 _HEADERS = CIMultiDictProxy(
@@ -125,6 +136,34 @@ async def drive(call: Callable[[], Awaitable[None]], calls: int, concurrency: in
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
+@contextlib.asynccontextmanager
+async def pipeline_app(folder: Path) -> AsyncIterator[web.Application]:
+    """The application on `pipeline_config(folder)`, its ledger open as `interlock serve` opens
+    it and the heap as `serve` leaves it before its first call; closed on the way out."""
+    app = create_app(pipeline_config(folder))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    thresholds = gc.get_threshold()
+    settle_after_start()
+    try:
+        yield app
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+        await runner.cleanup()
+
+
+def run_as_serve(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """`main()` on the event loop `serve` runs (uvloop where installed), telemetry configured
+    off as `serve` configures it when disabled."""
+    telemetry = configure_telemetry(TelemetrySettings(), enabled=False)
+    try:
+        with asyncio.Runner(loop_factory=loop_factory("auto")) as runner:
+            return runner.run(main())
+    finally:
+        telemetry.shutdown()
+
+
 async def _measure(quick: bool) -> tuple[dict[tuple[str, int], tuple[float, float]], float]:
     calls = {
         "read-only": 2000 if quick else 20000,
@@ -133,12 +172,7 @@ async def _measure(quick: bool) -> tuple[dict[tuple[str, int], tuple[float, floa
     }
     results: dict[tuple[str, int], tuple[float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
-        app = create_app(pipeline_config(Path(tmp)))
-        runner = web.AppRunner(app)
-        await runner.setup()  # opens the ledger, as `interlock serve` does
-        thresholds = gc.get_threshold()
-        settle_after_start()  # the heap as `serve` leaves it before its first call
-        try:
+        async with pipeline_app(Path(tmp)) as app:
             for kind, count in calls.items():
                 call = pipeline_caller(app, kind)
                 for concurrency in (1, 32):
@@ -148,10 +182,6 @@ async def _measure(quick: bool) -> tuple[dict[tuple[str, int], tuple[float, floa
                     cpu = time.process_time() - cpu
                     loop_cpu = time.thread_time() - loop_cpu
                     results[kind, concurrency] = (cpu / count * 1e6, loop_cpu / count * 1e6)
-        finally:
-            gc.set_threshold(*thresholds)
-            gc.unfreeze()
-            await runner.cleanup()
         floors = await measure_floor(Path(tmp), 0.5 if quick else 2.0)
     handed = next(f for f in floors if f.through_thread and f.pairs_per_commit == 1)
     return results, handed.cpu_us_per_pair
@@ -159,12 +189,7 @@ async def _measure(quick: bool) -> tuple[dict[tuple[str, int], tuple[float, floa
 
 def run(quick: bool = False) -> list[Table]:
     """CPU per `tools/call` through the pipeline alone, read-only and side-effecting."""
-    config_telemetry = configure_telemetry(TelemetrySettings(), enabled=False)  # as `serve` does
-    try:
-        with asyncio.Runner(loop_factory=loop_factory("auto")) as runner:  # uvloop, as `serve`
-            results, floor = runner.run(_measure(quick))
-    finally:
-        config_telemetry.shutdown()
+    results, floor = run_as_serve(lambda: _measure(quick))
     table = Table(
         title="tools/call pipeline alone: CPU per call in-process (upstream answers at once)",
         columns=["call", "concurrency", "CPU µs/call", "event loop's share µs", "c=32 vs c=1"],

@@ -4,7 +4,7 @@
                                      [--top 25]
 
 `bench_pipeline` says how much CPU a call costs in-process; this says where it goes. It drives the
-same calls through the same application (`bench_pipeline.pipeline_config`: SQLite at `durability:
+same calls through the same application (`bench_pipeline.pipeline_app`: SQLite at `durability:
 full`, telemetry off, uvloop as `serve` runs), first without a profiler, then again with one
 `cProfile.Profile` on the event loop's thread and one on each ledger thread (a profiler only sees
 the thread that enabled it, so each is enabled by a job run on its own thread). Each profiler's
@@ -18,10 +18,8 @@ Not part of `make bench`: it prints profiles, not figures with a baseline.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import cProfile
-import gc
 import pstats
 import tempfile
 import time
@@ -30,16 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
-from bench.bench_pipeline import KINDS, drive, pipeline_caller, pipeline_config
+from bench.bench_pipeline import KINDS, drive, pipeline_app, pipeline_caller, run_as_serve
 from bench.common import ROOT
 from ledger.writer_thread import WriterThread
-from policies.model import TelemetrySettings
-from proxy.app import create_app
-from proxy.ops.cli import loop_factory
-from proxy.runtime.heap import settle_after_start
-from proxy.telemetry.sdk import configure_telemetry
 
 __all__ = ["Frame", "PipelineProfile", "ThreadProfile", "main", "profile"]
 
@@ -114,12 +105,7 @@ def _thread(name: str, profiler: cProfile.Profile, calls: int, top: int) -> Thre
 async def _profile(kind: str, concurrency: int, calls: int, top: int) -> PipelineProfile:
     threads: list[tuple[str, WriterThread]] = []
     with _recording(threads), tempfile.TemporaryDirectory(prefix="profile-pipeline-") as tmp:
-        app = create_app(pipeline_config(Path(tmp)))
-        runner = web.AppRunner(app)
-        await runner.setup()  # opens the ledger, as `interlock serve` does
-        thresholds = gc.get_threshold()
-        settle_after_start()
-        try:
+        async with pipeline_app(Path(tmp)) as app:
             call = pipeline_caller(app, kind)
             await drive(call, max(200, calls // 10), concurrency)  # warm-up
             process, loop = time.process_time(), time.thread_time()
@@ -135,10 +121,6 @@ async def _profile(kind: str, concurrency: int, calls: int, top: int) -> Pipelin
             on_loop.disable()
             for _, thread, profiler in on_threads:
                 await thread.run(profiler.disable)
-        finally:
-            gc.set_threshold(*thresholds)
-            gc.unfreeze()
-            await runner.cleanup()
     return PipelineProfile(
         loop * 1e6 / calls,
         (process - loop) * 1e6 / calls,
@@ -151,12 +133,7 @@ def profile(kind: str, concurrency: int, calls: int, top: int = 25) -> PipelineP
     """Profile `calls` calls of `kind` (a key of `bench_pipeline.KINDS`) at `concurrency`."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}: one of {', '.join(KINDS)}")
-    telemetry = configure_telemetry(TelemetrySettings(), enabled=False)  # as `serve` does
-    try:
-        with asyncio.Runner(loop_factory=loop_factory("auto")) as runner:
-            return runner.run(_profile(kind, concurrency, calls, top))
-    finally:
-        telemetry.shutdown()
+    return run_as_serve(lambda: _profile(kind, concurrency, calls, top))
 
 
 def main(argv: list[str] | None = None) -> None:
