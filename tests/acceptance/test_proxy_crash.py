@@ -212,3 +212,61 @@ upstreams:
             assert proxy.wait(timeout=20) == 0
         shown = json.loads(interlock(config, "ledger", "show", "drain", "--json"))
         assert shown["state"] == "succeeded"
+
+
+@pytest.mark.slow
+async def test_sigterm_records_a_call_still_running_after_the_grace_as_unknown(tmp_path: Path):
+    """SIGTERM with a side-effecting call that outlasts `shutdown_grace_s`: the proxy does not
+    wait for it, records it `unknown` before the ledger closes (never left `running`), and exits
+    0; the upstream saw the call once."""
+    port = _free_port()
+    with running_upstream() as upstream:
+        config = tmp_path / "interlock.yaml"
+        config.write_text(
+            f"""
+listen: "127.0.0.1:{port}"
+shutdown_grace_s: 0.5
+ledger: {{url: "sqlite:///ledger.db", lease_s: 120}}
+upstreams:
+  up: {{mcp: "{upstream.url}", timeout_s: 60}}
+"""
+        )
+        url = f"http://127.0.0.1:{port}/mcp/up"
+        with proxy_process(config) as proxy:
+            meta = {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientInfo": {"name": "grace-test", "version": "1"},
+                "io.modelcontextprotocol/clientCapabilities": {},
+                KEY: "outlasts-grace",
+            }
+            body = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "tools/call",
+                "params": {
+                    "name": "hold",
+                    "arguments": {"seconds": 60.0, "tag": "long"},
+                    "_meta": meta,
+                },
+            }
+            headers = {
+                "Accept": "application/json, text/event-stream",
+                "MCP-Protocol-Version": "2026-07-28",
+                "Mcp-Method": "tools/call",
+                "Mcp-Name": "hold",
+            }
+            async with aiohttp.ClientSession() as http:
+                call = asyncio.create_task(http.post(url, json=body, headers=headers))
+                deadline = time.monotonic() + 10
+                while "long" not in upstream.stats()["started"]:
+                    assert time.monotonic() < deadline, "the call never reached the upstream"
+                    await asyncio.sleep(0.02)
+                proxy.send_signal(signal.SIGTERM)
+                # Far less than the 60 s the tool holds: shutdown did not wait for the call.
+                exit_code = await asyncio.to_thread(proxy.wait, 30)
+                with contextlib.suppress(aiohttp.ClientError):
+                    await asyncio.wait_for(call, 5)
+            assert exit_code == 0
+        shown = json.loads(interlock(config, "ledger", "show", "outlasts-grace", "--json"))
+        assert shown["state"] == "unknown"
+        assert upstream.stats()["started"].count("long") == 1

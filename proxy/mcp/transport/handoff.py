@@ -1,8 +1,8 @@
 """The hand-off of one `tools/call` from the transport to the pipeline.
 
-`run_tools_call` runs the pipeline (`proxy.mcp.pipeline.tools_call.handle_tools_call`) as its
-own task, with `send_upstream` bound to the request's upstream channel and `notify` bound to the
-client's reply.
+`run_tools_call` runs the pipeline (`proxy.mcp.pipeline.tools_call.handle_tools_call`) in the
+handler's task, with `send_upstream` bound to the request's upstream channel and `notify` bound
+to the client's reply.
 """
 
 from __future__ import annotations
@@ -48,9 +48,12 @@ async def run_tools_call(
 ) -> JsonObject:
     """Run one `tools/call` through the pipeline; return the response message for the client.
 
-    The pipeline runs as its own task: if the handler is cancelled (the client left and the
-    server cancels handlers) the call still finishes and is recorded; `gone` tells it the client
-    is not listening. The task is listed in `RUNTIME.in_flight` so shutdown can drain it.
+    The pipeline runs in the handler's own task, which is listed in `RUNTIME.in_flight` so that
+    shutdown drains it. The server never cancels a handler because its client left (aiohttp's
+    `handler_cancellation` is off; `DisconnectWatcher` sets `gone` instead); only shutdown does,
+    after its grace period, and the pipeline records a call cancelled in flight as `unknown`
+    (`until_written`) before the ledger closes. No helper task or shield per call: they cost
+    three more loop callbacks per call.
 
     Raises:
         UpstreamError: the pipeline let an upstream failure through (see `failure_reply`).
@@ -79,13 +82,15 @@ async def run_tools_call(
     async def notify(note: JsonObject) -> None:
         await reply.own_message(note)
 
-    task = asyncio.create_task(handle_tools_call(ctx, message.body, send_upstream, notify))
+    task = asyncio.current_task()
     runtime = app.get(RUNTIME)
-    if runtime is not None:
+    if runtime is not None and task is not None:
         runtime.in_flight.add(task)
-        task.add_done_callback(runtime.in_flight.discard)
     try:
-        return await asyncio.shield(task)
+        return await handle_tools_call(ctx, message.body, send_upstream, notify)
     except asyncio.CancelledError:
         gone.set()
         raise
+    finally:
+        if runtime is not None and task is not None:
+            runtime.in_flight.discard(task)
