@@ -76,7 +76,14 @@ async def start_runner(
 ) -> web.AppRunner:
     """Set up `app` behind a listening socket with the edge's connection limits and timeouts."""
     edge = config.edge
-    runner = web.AppRunner(app, keepalive_timeout=edge.header_timeout_s, **runner_args)
+    # A client that leaves never cancels its handler: an MCP call's pipeline runs in it and must
+    # run on (`proxy.mcp.transport.handoff`); the disconnect watchers tell it who left.
+    runner = web.AppRunner(
+        app,
+        keepalive_timeout=edge.header_timeout_s,
+        handler_cancellation=False,
+        **runner_args,
+    )
     await runner.setup()
     assert runner.server is not None
     _cap_connections(runner.server, edge.max_connections)

@@ -265,3 +265,44 @@ async def test_get_stream_is_relayed(proxy: RunningProxy, http: aiohttp.ClientSe
     async with http.get(proxy.mcp_url("sse"), headers=headers) as stream:
         assert stream.status == 200
         assert stream.headers["Content-Type"].startswith("text/event-stream")
+
+
+async def test_a_legacy_side_effect_whose_client_leaves_runs_on_and_is_recorded(
+    sse_upstream: RunningUpstream, tmp_path: Path
+):
+    """In the handshake era a dropped connection is not a cancellation (that is what
+    notifications/cancelled is for): the call runs on in the handler's task, the upstream
+    finishes it, and its entry ends `succeeded` with the outcome a retry would replay. (The
+    server must never cancel a handler because its client left: the pipeline runs in it.)"""
+    upstreams = {"sse": http_upstream("sse", sse_upstream.url, timeout_s=10)}
+    async with running_proxy(upstreams, tmp_path, read_only=False) as proxy:
+        async with aiohttp.ClientSession() as leaving:
+            raw = RawMcp(leaving, proxy.mcp_url("sse"))
+            assert (await raw.initialize(LEGACY)).status == 200
+            body = {
+                "jsonrpc": "2.0",
+                "id": 7,
+                "method": "tools/call",
+                "params": {
+                    "name": "hold",
+                    "arguments": {"seconds": 1.0, "tag": "legacy-left"},
+                    "_meta": {"interlock/idempotency-key": "legacy-left"},
+                },
+            }
+            call = asyncio.create_task(raw.post(body))
+            await wait_until(lambda: "legacy-left" in sse_upstream.stats()["started"])
+            call.cancel()  # the client stops reading and its connection closes below
+            with pytest.raises(asyncio.CancelledError):
+                await call
+        await wait_until(lambda: "legacy-left" in sse_upstream.stats()["finished"], 10.0)
+        store = proxy.app[LEDGER].store
+        assert store is not None
+        entry = None
+        for _ in range(500):  # the outcome lands once the upstream's answer is in
+            entry, _ = await store.get("legacy-left")
+            if str(entry.state) != "running":
+                break
+            await asyncio.sleep(0.01)
+        assert entry is not None
+        assert str(entry.state) == "succeeded", (entry.state, entry.error)
+        assert "legacy-left" not in sse_upstream.stats()["cancelled"]
