@@ -157,61 +157,75 @@ upstreams:
             assert second.wait(timeout=20) == 0
 
 
-@pytest.mark.slow
-async def test_sigterm_lets_in_flight_calls_finish_and_exits_zero(tmp_path: Path):
-    """SIGTERM: the call in flight completes within the grace period and the process exits 0."""
+@contextlib.contextmanager
+def _proxy_for_sigterm(
+    folder: Path, grace_s: float
+) -> Iterator[tuple[Any, Path, subprocess.Popen[str], str]]:
+    """A test MCP upstream and `interlock serve` in front of it with `shutdown_grace_s`; yields
+    (upstream, config path, proxy process, the upstream's MCP URL through the proxy)."""
     port = _free_port()
     with running_upstream() as upstream:
-        config = tmp_path / "interlock.yaml"
+        config = folder / "interlock.yaml"
         config.write_text(
             f"""
 listen: "127.0.0.1:{port}"
-shutdown_grace_s: 10
-ledger: {{url: "sqlite:///ledger.db"}}
+shutdown_grace_s: {grace_s}
+ledger: {{url: "sqlite:///ledger.db", lease_s: 120}}
 upstreams:
-  up: {{mcp: "{upstream.url}"}}
+  up: {{mcp: "{upstream.url}", timeout_s: 60}}
 """
         )
-        url = f"http://127.0.0.1:{port}/mcp/up"
         with proxy_process(config) as proxy:
-            # A plain modern-era (stateless) POST: the SDK client also keeps background requests
-            # that fail once the listener closes, which is not what this test is about.
-            meta = {
-                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                "io.modelcontextprotocol/clientInfo": {"name": "drain-test", "version": "1"},
-                "io.modelcontextprotocol/clientCapabilities": {},
-                KEY: "drain",
-            }
-            body = {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "tools/call",
-                "params": {
-                    "name": "hold",
-                    "arguments": {"seconds": 1.0, "tag": "drain"},
-                    "_meta": meta,
-                },
-            }
-            headers = {
-                "Accept": "application/json, text/event-stream",
-                "MCP-Protocol-Version": "2026-07-28",
-                "Mcp-Method": "tools/call",
-                "Mcp-Name": "hold",
-            }
-            async with aiohttp.ClientSession() as http:
-                call = asyncio.create_task(http.post(url, json=body, headers=headers))
-                deadline = time.monotonic() + 10
-                while "drain" not in upstream.stats()["started"]:
-                    assert time.monotonic() < deadline, "the call never reached the upstream"
-                    await asyncio.sleep(0.02)
-                proxy.send_signal(signal.SIGTERM)
-                answer = await asyncio.wait_for(call, 15)
-                text = await answer.text()
-            assert answer.status == 200
-            assert '"held 1.0 s"' in text
-            assert proxy.wait(timeout=20) == 0
-        shown = json.loads(interlock(config, "ledger", "show", "drain", "--json"))
-        assert shown["state"] == "succeeded"
+            yield upstream, config, proxy, f"http://127.0.0.1:{port}/mcp/up"
+
+
+async def _hold_until_started(
+    http: aiohttp.ClientSession, url: str, upstream: Any, key: str, seconds: float
+) -> asyncio.Task[aiohttp.ClientResponse]:
+    """POST a side-effecting `hold` (tagged and keyed `key`) and return once the upstream runs it.
+
+    A plain modern-era (stateless) POST: the SDK client also keeps background requests that fail
+    once the listener closes, which is not what the SIGTERM tests are about."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "sigterm-test", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+        KEY: key,
+    }
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "hold", "arguments": {"seconds": seconds, "tag": key}, "_meta": meta},
+    }
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2026-07-28",
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": "hold",
+    }
+    call = asyncio.create_task(http.post(url, json=body, headers=headers))
+    deadline = time.monotonic() + 10
+    while key not in upstream.stats()["started"]:
+        assert time.monotonic() < deadline, "the call never reached the upstream"
+        await asyncio.sleep(0.02)
+    return call
+
+
+@pytest.mark.slow
+async def test_sigterm_lets_in_flight_calls_finish_and_exits_zero(tmp_path: Path):
+    """SIGTERM: the call in flight completes within the grace period and the process exits 0."""
+    with _proxy_for_sigterm(tmp_path, grace_s=10) as (upstream, config, proxy, url):
+        async with aiohttp.ClientSession() as http:
+            call = await _hold_until_started(http, url, upstream, "drain", 1.0)
+            proxy.send_signal(signal.SIGTERM)
+            answer = await asyncio.wait_for(call, 15)
+            text = await answer.text()
+        assert answer.status == 200
+        assert '"held 1.0 s"' in text
+        assert proxy.wait(timeout=20) == 0
+    shown = json.loads(interlock(config, "ledger", "show", "drain", "--json"))
+    assert shown["state"] == "succeeded"
 
 
 @pytest.mark.slow
@@ -219,54 +233,15 @@ async def test_sigterm_records_a_call_still_running_after_the_grace_as_unknown(t
     """SIGTERM with a side-effecting call that outlasts `shutdown_grace_s`: the proxy does not
     wait for it, records it `unknown` before the ledger closes (never left `running`), and exits
     0; the upstream saw the call once."""
-    port = _free_port()
-    with running_upstream() as upstream:
-        config = tmp_path / "interlock.yaml"
-        config.write_text(
-            f"""
-listen: "127.0.0.1:{port}"
-shutdown_grace_s: 0.5
-ledger: {{url: "sqlite:///ledger.db", lease_s: 120}}
-upstreams:
-  up: {{mcp: "{upstream.url}", timeout_s: 60}}
-"""
-        )
-        url = f"http://127.0.0.1:{port}/mcp/up"
-        with proxy_process(config) as proxy:
-            meta = {
-                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                "io.modelcontextprotocol/clientInfo": {"name": "grace-test", "version": "1"},
-                "io.modelcontextprotocol/clientCapabilities": {},
-                KEY: "outlasts-grace",
-            }
-            body = {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "tools/call",
-                "params": {
-                    "name": "hold",
-                    "arguments": {"seconds": 60.0, "tag": "long"},
-                    "_meta": meta,
-                },
-            }
-            headers = {
-                "Accept": "application/json, text/event-stream",
-                "MCP-Protocol-Version": "2026-07-28",
-                "Mcp-Method": "tools/call",
-                "Mcp-Name": "hold",
-            }
-            async with aiohttp.ClientSession() as http:
-                call = asyncio.create_task(http.post(url, json=body, headers=headers))
-                deadline = time.monotonic() + 10
-                while "long" not in upstream.stats()["started"]:
-                    assert time.monotonic() < deadline, "the call never reached the upstream"
-                    await asyncio.sleep(0.02)
-                proxy.send_signal(signal.SIGTERM)
-                # Far less than the 60 s the tool holds: shutdown did not wait for the call.
-                exit_code = await asyncio.to_thread(proxy.wait, 30)
-                with contextlib.suppress(aiohttp.ClientError):
-                    await asyncio.wait_for(call, 5)
-            assert exit_code == 0
-        shown = json.loads(interlock(config, "ledger", "show", "outlasts-grace", "--json"))
-        assert shown["state"] == "unknown"
-        assert upstream.stats()["started"].count("long") == 1
+    with _proxy_for_sigterm(tmp_path, grace_s=0.5) as (upstream, config, proxy, url):
+        async with aiohttp.ClientSession() as http:
+            call = await _hold_until_started(http, url, upstream, "outlasts-grace", 60.0)
+            proxy.send_signal(signal.SIGTERM)
+            # Far less than the 60 s the tool holds: shutdown did not wait for the call.
+            exit_code = await asyncio.to_thread(proxy.wait, 30)
+            with contextlib.suppress(aiohttp.ClientError):
+                await asyncio.wait_for(call, 5)
+        assert exit_code == 0
+        assert upstream.stats()["started"].count("outlasts-grace") == 1
+    shown = json.loads(interlock(config, "ledger", "show", "outlasts-grace", "--json"))
+    assert shown["state"] == "unknown"
