@@ -465,6 +465,32 @@ MUTANTS = (
         ),
         why="calls of other bands take the slots critical keeps: a critical call finds none",
     ),
+    Mutant(
+        name="serve cancels the handler of a client that left",
+        path="proxy/listener.py",
+        module="proxy.listener",
+        edits=(("        handler_cancellation=False,\n", "        handler_cancellation=True,\n"),),
+        tests=("tests/acceptance/test_client_leaves.py",),
+        why="an MCP call's pipeline runs in its handler: a handshake-era call whose client "
+        "dropped its connection would be cut off and left unknown instead of running on",
+    ),
+    Mutant(
+        name="a side effect cut off at shutdown is left running",
+        path="proxy/mcp/pipeline/side_effects.py",
+        module="proxy.mcp.pipeline.side_effects",
+        edits=(
+            (
+                'await _mark_unknown(call, store, lease, "interrupted after write-ahead")\n',
+                "pass\n",
+            ),
+        ),
+        tests=(
+            "tests/acceptance/test_proxy_crash.py::"
+            "test_sigterm_records_a_call_still_running_after_the_grace_as_unknown",
+        ),
+        why="a call forwarded and then cancelled by shutdown would stay running until its lease "
+        "lapses, instead of unknown before the ledger closes",
+    ),
 )
 
 

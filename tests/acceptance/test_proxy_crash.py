@@ -158,7 +158,7 @@ upstreams:
 
 
 @contextlib.contextmanager
-def _proxy_for_sigterm(
+def _serve_with_upstream(
     folder: Path, grace_s: float
 ) -> Iterator[tuple[Any, Path, subprocess.Popen[str], str]]:
     """A test MCP upstream and `interlock serve` in front of it with `shutdown_grace_s`; yields
@@ -215,7 +215,7 @@ async def _hold_until_started(
 @pytest.mark.slow
 async def test_sigterm_lets_in_flight_calls_finish_and_exits_zero(tmp_path: Path):
     """SIGTERM: the call in flight completes within the grace period and the process exits 0."""
-    with _proxy_for_sigterm(tmp_path, grace_s=10) as (upstream, config, proxy, url):
+    with _serve_with_upstream(tmp_path, grace_s=10) as (upstream, config, proxy, url):
         async with aiohttp.ClientSession() as http:
             call = await _hold_until_started(http, url, upstream, "drain", 1.0)
             proxy.send_signal(signal.SIGTERM)
@@ -233,7 +233,7 @@ async def test_sigterm_records_a_call_still_running_after_the_grace_as_unknown(t
     """SIGTERM with a side-effecting call that outlasts `shutdown_grace_s`: the proxy does not
     wait for it, records it `unknown` before the ledger closes (never left `running`), and exits
     0; the upstream saw the call once."""
-    with _proxy_for_sigterm(tmp_path, grace_s=0.5) as (upstream, config, proxy, url):
+    with _serve_with_upstream(tmp_path, grace_s=0.5) as (upstream, config, proxy, url):
         async with aiohttp.ClientSession() as http:
             call = await _hold_until_started(http, url, upstream, "outlasts-grace", 60.0)
             proxy.send_signal(signal.SIGTERM)
