@@ -24,6 +24,7 @@ __all__ = [
     "RUNTIME",
     "SCHEDULER",
     "TOOL_CLASSIFIER",
+    "CallInFlight",
     "LedgerHandle",
     "Runtime",
 ]
@@ -45,6 +46,31 @@ class Runtime:
 
     shutting_down: bool = False
     in_flight: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def call_in_flight(self) -> CallInFlight:
+        """`with runtime.call_in_flight():` lists the running task in `in_flight` for the block,
+        so that shutdown waits for it (and cancels it after the grace period)."""
+        return CallInFlight(self.in_flight)
+
+
+class CallInFlight:
+    """The context manager `Runtime.call_in_flight` returns (a class, not a generator: it is on
+    every proxied call's path)."""
+
+    __slots__ = ("_calls", "_task")
+
+    def __init__(self, calls: set[asyncio.Task[Any]]) -> None:
+        self._calls = calls
+        self._task: asyncio.Task[Any] | None = None
+
+    def __enter__(self) -> None:
+        self._task = asyncio.current_task()
+        if self._task is not None:
+            self._calls.add(self._task)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._task is not None:
+            self._calls.discard(self._task)
 
 
 CONFIG = web.AppKey("config", Config)

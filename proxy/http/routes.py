@@ -150,31 +150,26 @@ async def handle_http(request: web.Request) -> web.StreamResponse:
             "gen_ai.request.model": model if isinstance(model, str) else None,
         }
 
-    task = asyncio.current_task()
-    runtime = request.app[RUNTIME]
-    if task is not None:
-        runtime.in_flight.add(task)
-    try:
-        with tracing.call_span(span_name, attributes=attributes, headers=request.headers) as span:
-            call = HttpCall(
-                app=request.app,
-                request=request,
-                upstream=spec,
-                target=target.url,
-                tool=f"{request.method} {path}",
-                attrs=attrs,
-                policy=policy,
-                body=body,
-                payload=payload,
-                deadline=time.monotonic() + attrs.deadline_s,
-                span=span,
-                downstream=Downstream(request, sse_while_waiting=streaming),
-                respond_async=respond_async,
-            )
-            return await run_http_call(call)
-    finally:
-        if task is not None:
-            runtime.in_flight.discard(task)
+    with (
+        request.app[RUNTIME].call_in_flight(),
+        tracing.call_span(span_name, attributes=attributes, headers=request.headers) as span,
+    ):
+        call = HttpCall(
+            app=request.app,
+            request=request,
+            upstream=spec,
+            target=target.url,
+            tool=f"{request.method} {path}",
+            attrs=attrs,
+            policy=policy,
+            body=body,
+            payload=payload,
+            deadline=time.monotonic() + attrs.deadline_s,
+            span=span,
+            downstream=Downstream(request, sse_while_waiting=streaming),
+            respond_async=respond_async,
+        )
+        return await run_http_call(call)
 
 
 def _is_json(content_type: str) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from pathlib import Path
 
 import aiohttp
@@ -13,8 +12,7 @@ import pytest
 
 from tests.acceptance.test_proxy_crash import KEY, _serve_with_upstream, interlock
 from tests.integration.mcp_proxy_harness import LEGACY, RawMcp
-
-_WAIT_S = 15.0
+from tests.integration.waiting import wait_until
 
 
 @pytest.mark.slow
@@ -37,19 +35,21 @@ async def test_a_legacy_call_whose_client_left_runs_on_and_is_recorded_succeeded
                 },
             }
             call = asyncio.create_task(raw.post(body))
-            deadline = time.monotonic() + _WAIT_S
-            while "left" not in upstream.stats()["started"]:
-                assert time.monotonic() < deadline, "the call never reached the upstream"
-                await asyncio.sleep(0.02)
+            await wait_until(
+                lambda: "left" in upstream.stats()["started"],
+                what="the call never reached the upstream",
+            )
             call.cancel()  # the client stops reading; its connection closes with the session
             with contextlib.suppress(asyncio.CancelledError):
                 await call
-        deadline = time.monotonic() + _WAIT_S
-        while (
-            state := json.loads(interlock(config, "ledger", "show", "left", "--json"))["state"]
-        ) == "running":
-            assert time.monotonic() < deadline, "the entry stayed running"
-            await asyncio.sleep(0.1)
-        assert state == "succeeded"
+
+        def state() -> str:
+            shown: dict[str, str] = json.loads(
+                interlock(config, "ledger", "show", "left", "--json")
+            )
+            return shown["state"]
+
+        await wait_until(lambda: state() != "running", 15.0, what="the entry stayed running")
+        assert state() == "succeeded"
         assert upstream.stats()["finished"].count("left") == 1
         assert "left" not in upstream.stats()["cancelled"]

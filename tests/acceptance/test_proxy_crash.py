@@ -21,6 +21,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from tests.integration.mcp_servers import REPO_ROOT, running_upstream
+from tests.integration.waiting import wait_until
 
 KEY = "interlock/idempotency-key"
 
@@ -205,10 +206,9 @@ async def _hold_until_started(
         "Mcp-Name": "hold",
     }
     call = asyncio.create_task(http.post(url, json=body, headers=headers))
-    deadline = time.monotonic() + 10
-    while key not in upstream.stats()["started"]:
-        assert time.monotonic() < deadline, "the call never reached the upstream"
-        await asyncio.sleep(0.02)
+    await wait_until(
+        lambda: key in upstream.stats()["started"], what="the call never reached the upstream"
+    )
     return call
 
 

@@ -82,15 +82,5 @@ async def run_tools_call(
     async def notify(note: JsonObject) -> None:
         await reply.own_message(note)
 
-    task = asyncio.current_task()
-    runtime = app.get(RUNTIME)
-    if runtime is not None and task is not None:
-        runtime.in_flight.add(task)
-    try:
+    with app[RUNTIME].call_in_flight():
         return await handle_tools_call(ctx, message.body, send_upstream, notify)
-    except asyncio.CancelledError:
-        gone.set()
-        raise
-    finally:
-        if runtime is not None and task is not None:
-            runtime.in_flight.discard(task)
