@@ -58,19 +58,19 @@ class CallInFlight:
     every proxied call's path)."""
 
     __slots__ = ("_calls", "_task")
+    _task: asyncio.Task[Any]
 
     def __init__(self, calls: set[asyncio.Task[Any]]) -> None:
         self._calls = calls
-        self._task: asyncio.Task[Any] | None = None
 
     def __enter__(self) -> None:
-        self._task = asyncio.current_task()
-        if self._task is not None:
-            self._calls.add(self._task)
+        task = asyncio.current_task()
+        assert task is not None  # its callers are request handlers, each in its own task
+        self._task = task
+        self._calls.add(task)
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._task is not None:
-            self._calls.discard(self._task)
+        self._calls.discard(self._task)
 
 
 CONFIG = web.AppKey("config", Config)

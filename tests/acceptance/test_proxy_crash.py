@@ -20,6 +20,7 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
+from tests.integration.mcp_proxy_harness import RawAnswer, RawMcp
 from tests.integration.mcp_servers import REPO_ROOT, running_upstream
 from tests.integration.waiting import wait_until
 
@@ -166,46 +167,21 @@ def _serve_with_upstream(
     (upstream, config path, proxy process, the upstream's MCP URL through the proxy)."""
     port = _free_port()
     with running_upstream() as upstream:
-        config = folder / "interlock.yaml"
-        config.write_text(
-            f"""
-listen: "127.0.0.1:{port}"
-shutdown_grace_s: {grace_s}
-ledger: {{url: "sqlite:///ledger.db", lease_s: 120}}
-upstreams:
-  up: {{mcp: "{upstream.url}", timeout_s: 60}}
-"""
-        )
+        up = f'  up: {{mcp: "{upstream.url}", timeout_s: 60}}\n'
+        config = write_config(folder, port, up, f"shutdown_grace_s: {grace_s}\n")
         with proxy_process(config) as proxy:
             yield upstream, config, proxy, f"http://127.0.0.1:{port}/mcp/up"
 
 
 async def _hold_until_started(
     http: aiohttp.ClientSession, url: str, upstream: Any, key: str, seconds: float
-) -> asyncio.Task[aiohttp.ClientResponse]:
-    """POST a side-effecting `hold` (tagged and keyed `key`) and return once the upstream runs it.
+) -> asyncio.Task[RawAnswer]:
+    """Send a side-effecting `hold` (tagged and keyed `key`) and return once the upstream runs it.
 
     A plain modern-era (stateless) POST: the SDK client also keeps background requests that fail
     once the listener closes, which is not what the SIGTERM tests are about."""
-    meta = {
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientInfo": {"name": "sigterm-test", "version": "1"},
-        "io.modelcontextprotocol/clientCapabilities": {},
-        KEY: key,
-    }
-    body = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "tools/call",
-        "params": {"name": "hold", "arguments": {"seconds": seconds, "tag": key}, "_meta": meta},
-    }
-    headers = {
-        "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": "2026-07-28",
-        "Mcp-Method": "tools/call",
-        "Mcp-Name": "hold",
-    }
-    call = asyncio.create_task(http.post(url, json=body, headers=headers))
+    arguments = {"seconds": seconds, "tag": key}
+    call = asyncio.create_task(RawMcp(http, url).call_modern(1, "hold", arguments, {KEY: key}))
     await wait_until(
         lambda: key in upstream.stats()["started"], what="the call never reached the upstream"
     )
@@ -220,9 +196,8 @@ async def test_sigterm_lets_in_flight_calls_finish_and_exits_zero(tmp_path: Path
             call = await _hold_until_started(http, url, upstream, "drain", 1.0)
             proxy.send_signal(signal.SIGTERM)
             answer = await asyncio.wait_for(call, 15)
-            text = await answer.text()
         assert answer.status == 200
-        assert '"held 1.0 s"' in text
+        assert '"held 1.0 s"' in answer.body.decode()
         assert proxy.wait(timeout=20) == 0
     shown = json.loads(interlock(config, "ledger", "show", "drain", "--json"))
     assert shown["state"] == "succeeded"

@@ -241,13 +241,20 @@ class RawMcp:
             assert note.status == 202, note
         return answer
 
-    async def call_modern(self, request_id: Any, tool: str, arguments: dict[str, Any]) -> RawAnswer:
-        """A stateless 2026-07-28 tools/call: envelope in _meta, routing headers."""
+    async def call_modern(
+        self,
+        request_id: Any,
+        tool: str,
+        arguments: dict[str, Any],
+        meta: Mapping[str, Any] | None = None,
+    ) -> RawAnswer:
+        """A stateless 2026-07-28 tools/call: envelope in _meta (with `meta`'s members, e.g. an
+        idempotency key), routing headers."""
         body = {
             "jsonrpc": "2.0",
             "id": request_id,
             "method": "tools/call",
-            "params": {"name": tool, "arguments": arguments, "_meta": dict(ENVELOPE)},
+            "params": {"name": tool, "arguments": arguments, "_meta": {**ENVELOPE, **(meta or {})}},
         }
         headers = {"MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/call", "Mcp-Name": tool}
         return await self.post(body, headers)
